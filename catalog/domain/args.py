@@ -1,0 +1,58 @@
+"""An engine's arguments: read a flag, set a flag, keeping the form it was written in.
+
+Both `--flag value` and `--flag=value` are recognised; a flag that is absent is appended
+as `--flag value`. Aliases (llama.cpp's `-c` for `--ctx-size`) are read and rewritten in
+place, so an admin's own spelling survives a change."""
+
+from __future__ import annotations
+
+
+def _find(args: list[str], names: tuple[str, ...]) -> tuple[int, str, bool] | None:
+    """Where a flag is: (index, the name used, written with '='), the last occurrence wins
+    as it does for the engines' argument parsers."""
+    found = None
+    for i, a in enumerate(args):
+        for name in names:
+            if a == name and i + 1 < len(args):
+                found = (i, name, False)
+            elif a.startswith(name + "="):
+                found = (i, name, True)
+    return found
+
+
+def get_arg(args: list[str], *names: str) -> str | None:
+    """A flag's value, None when absent."""
+    at = _find(args, names)
+    if at is None:
+        return None
+    i, name, eq = at
+    return args[i][len(name) + 1 :] if eq else args[i + 1]
+
+
+def get_int(args: list[str], *names: str) -> int:
+    """A flag's whole-number value, 0 when absent or not a number."""
+    value = get_arg(args, *names)
+    try:
+        return int(value) if value is not None else 0
+    except ValueError:
+        return 0
+
+
+def has_flag(args: list[str], *names: str) -> bool:
+    """Whether a flag without a value (e.g. `--swa-full`) is present."""
+    return any(a in names or any(a.startswith(n + "=") for n in names) for a in args)
+
+
+def set_arg(args: list[str], value: str, *names: str) -> list[str]:
+    """A copy of args with the flag set to value, in the form and spelling it had;
+    appended as `names[0] value` when absent."""
+    out = list(args)
+    at = _find(out, names)
+    if at is None:
+        return out + [names[0], value]
+    i, name, eq = at
+    if eq:
+        out[i] = f"{name}={value}"
+    else:
+        out[i + 1] = value
+    return out
