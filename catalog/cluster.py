@@ -93,7 +93,8 @@ def parse(text: str, path: str = "<cluster file>") -> list[dict]:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise ClusterFileError(f"{path}: {e}") from e
+        line = getattr(e, "lineno", None) or (re.search(r"line (\d+)", str(e)) or [None, "1"])[1]
+        raise ClusterFileError(f"{path}:{line}: {e}") from e
     where = _Locator(text)
     gpu_classes = set(GPUClass.objects.values_list("name", flat=True))
 

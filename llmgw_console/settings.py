@@ -133,6 +133,7 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = DATA_DIR / "static"
+STATIC_ROOT.mkdir(exist_ok=True)
 
 LOGGING = {
     "version": 1,
@@ -201,3 +202,15 @@ LLMGW_PORT_RANGE = (env_int("LLMGW_PORT_MIN", 18000), env_int("LLMGW_PORT_MAX", 
 
 # Router: the largest request body it accepts.
 LLMGW_ROUTER_MAX_BODY = env_int("LLMGW_ROUTER_MAX_BODY", 4 << 20)
+
+# fleet: node tasks (catalog.tasks.node_*) return results to the rollout that waits on them;
+# every other task keeps ignoring results (CELERY_TASK_IGNORE_RESULT above).
+CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND") or REDIS_URL
+CELERY_RESULT_EXPIRES = 3600
+# Engine kinds that run as the stand-in (catalog/fleet/standin.py) instead of the real engine.
+LLMGW_STANDIN_ENGINES = [e for e in os.environ.get("LLMGW_STANDIN_ENGINES", "vllm,sglang,strata,freetoken").split(",") if e]
+LLMGW_STOP_GRACE = env_float("LLMGW_STOP_GRACE", 10.0)  # SIGTERM → SIGKILL of an engine's process group
+LLMGW_ROLLOUT_LOCK_TTL = env_float("LLMGW_ROLLOUT_LOCK_TTL", 15.0)  # a dead worker's rollout resumes after this
+LLMGW_SWEEP_GRACE = env_float("LLMGW_SWEEP_GRACE", 60.0)  # a queued change untouched this long is re-enqueued
+# The queue rollouts, reconcile and sweeps go to (tests use a private one).
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("LLMGW_CELERY_QUEUE") or CELERY_TASK_DEFAULT_QUEUE
