@@ -1,18 +1,521 @@
-from django.http import HttpResponse
-from django.shortcuts import get_object_or_404
+"""The browser console (SPEC §7): plain function views over `catalog.services`.
 
-from .models import Change, Model
+The console decides nothing about a change: `services.preview` says what a change would do
+or why it is refused, `services.request_change` makes it, `services.rollback` undoes it.
+These views parse the form, call the service and render the answer; with htmx they render a
+named partial of the same template (`"page.html#partial"`), without it the whole page."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+from django.core.paginator import Paginator
+from django.db.models import Count, OuterRef, Prefetch, Q, Subquery
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_POST
+from django_htmx.http import HttpResponseClientRedirect, HttpResponseStopPolling
+
+from . import services
+from .choices import ChangeState, Engine, ReplicaState
+from .domain.args import get_arg
+from .domain.shape import Shape
+from .forms import ContextForm, HistoryFilterForm
+from .models import Change, ChangeStep, Model, Replica
 
 
-def model_list(request):
-    return HttpResponse("models")
+
+def live_replicas(prefix: str = "") -> Q:
+    """Replicas that stand for a running engine (a failed one until the fleet stops it);
+    stopped ones are history."""
+    return Q(**{f"{prefix}state__in": [ReplicaState.STARTING, ReplicaState.READY, ReplicaState.DRAINING]}) | Q(
+        **{f"{prefix}state": ReplicaState.FAILED, f"{prefix}stopped_at__isnull": True}
+    )
 
 
-def model_detail(request, name):
-    get_object_or_404(Model, name=name)
-    return HttpResponse(name)
+RESTART_LABELS = {
+    "surge": "new before old: a new replica starts, is checked, then the old one drains and stops",
+    "in_place": "in place: each replica drains, stops and starts again (no room for a second copy)",
+    "none": "nothing restarts",
+}
+ENGINE_LABELS = dict(Engine.choices)
+LOG_LINES = 50
 
 
-def change_detail(request, pk):
-    get_object_or_404(Change, pk=pk)
-    return HttpResponse(str(pk))
+# ----------------------------------------------------------------------------- presentation
+# Plans come as `catalog.domain.plan.Plan` (a preview) or as its `to_dict()` (a change's
+# record): `_get` reads either, and the view objects below are what templates draw.
+
+
+def _get(obj, key, default=None):
+    if obj is None:
+        return default
+    if isinstance(obj, dict):
+        return obj.get(key, default)
+    return getattr(obj, key, default)
+
+
+@dataclass
+class ArgToken:
+    text: str  # the flag (or the whole argument when unchanged)
+    value: str = ""  # a changed flag's new value
+    old: str | None = None  # its value before; None when the flag was added
+    changed: bool = False
+    eq: bool = False  # written as --flag=value
+
+
+def arg_diff(before: Sequence[str], after: Sequence[str], changed_flags: Sequence[str]) -> list[ArgToken]:
+    """The arguments after the change, with the changed flags and their old values marked."""
+    before, after = list(before or ()), list(after or ())
+    out: list[ArgToken] = []
+    i = 0
+    while i < len(after):
+        a = after[i]
+        flag = next((f for f in changed_flags if a == f or a.startswith(f + "=")), None)
+        if flag is None:
+            out.append(ArgToken(a))
+            i += 1
+            continue
+        old = get_arg(before, flag)
+        if a == flag and i + 1 < len(after):
+            out.append(ArgToken(flag, value=after[i + 1], old=old, changed=True))
+            i += 2
+        else:
+            out.append(ArgToken(flag, value=a[len(flag) + 1 :], old=old, changed=True, eq=True))
+            i += 1
+    return out
+
+
+@dataclass
+class Segment:
+    kind: str  # weights, kv, state, reserve
+    gb: float
+    pct: float
+
+
+@dataclass
+class Bar:
+    label: str
+    text: str
+    need_gb: float | None
+    fits: bool | None
+    segments: list[Segment]
+
+
+@dataclass
+class MemoryView:
+    where: str  # "card" or "ram"
+    usable_gb: float | None
+    usable_pct: float | None
+    bars: list[Bar]
+
+
+def _finite(x) -> float | None:
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def memory_view(*labelled: tuple[str, object]) -> MemoryView | None:
+    """Bars on one scale (the card's usable memory, or the largest need) for each
+    (label, MemoryTerms) given; None when no terms are known."""
+    terms = [(label, t) for label, t in labelled if t]
+    if not terms:
+        return None
+    usable = next((_finite(_get(t, "usable_gb")) for _, t in reversed(terms) if _finite(_get(t, "usable_gb"))), None)
+    needs = [_finite(_get(t, "need_gb")) or 0.0 for _, t in terms]
+    scale = max([usable or 0.0, *needs]) or 1.0
+    bars = []
+    for label, t in terms:
+        segments = []
+        for kind in ("weights", "kv", "state", "reserve"):
+            gb = _finite(_get(t, f"{kind}_gb")) or 0.0
+            if gb > 0:
+                segments.append(Segment(kind, gb, round(100 * gb / scale, 2)))
+        bars.append(Bar(label, _get(t, "text", ""), _finite(_get(t, "need_gb")), _get(t, "fits"), segments))
+    return MemoryView(
+        where=_get(terms[-1][1], "where", "card"),
+        usable_gb=usable,
+        usable_pct=round(100 * usable / scale, 2) if usable else None,
+        bars=bars,
+    )
+
+
+@dataclass
+class ProfileView:
+    name: str
+    engine: str
+    engine_label: str
+    args: list[ArgToken]
+    args_changed: bool
+    memory: MemoryView | None
+    restart: str
+    restart_label: str
+    refusal: str
+    note: str
+
+
+@dataclass
+class PlanView:
+    ok: bool
+    output_only: bool
+    context_before: int
+    context_after: int
+    max_output_before: int
+    max_output_after: int
+    trained: int
+    slots: int
+    notes: list[str]
+    refusal_field: str
+    refusal: str
+    profiles: list[ProfileView] = field(default_factory=list)
+
+    @property
+    def restarts(self) -> bool:
+        return any(p.restart != "none" for p in self.profiles)
+
+
+def plan_view(plan) -> PlanView | None:
+    """What the templates draw of a Plan (or of its to_dict())."""
+    if not plan:
+        return None
+    refusal = _get(plan, "refusal")
+    profiles = []
+    for p in _get(plan, "profiles", ()) or ():
+        restart = _get(p, "restart", "none")
+        before, after = _get(p, "args_before", ()), _get(p, "args_after", ())
+        profiles.append(
+            ProfileView(
+                name=_get(p, "profile", ""),
+                engine=_get(p, "engine", ""),
+                engine_label=ENGINE_LABELS.get(_get(p, "engine", ""), _get(p, "engine", "")),
+                args=arg_diff(before, after, _get(p, "changed_flags", ()) or ()),
+                args_changed=list(before or ()) != list(after or ()),
+                memory=memory_view(("before", _get(p, "memory_before")), ("after", _get(p, "memory_after"))),
+                restart=restart,
+                restart_label=RESTART_LABELS.get(restart, restart),
+                refusal=_get(_get(p, "refusal"), "message", ""),
+                note=_get(p, "note", ""),
+            )
+        )
+    return PlanView(
+        ok=refusal is None,
+        output_only=bool(_get(plan, "output_only")),
+        context_before=_get(plan, "context_before", 0),
+        context_after=_get(plan, "context_after", 0),
+        max_output_before=_get(plan, "max_output_before", 0),
+        max_output_after=_get(plan, "max_output_after", 0),
+        trained=_get(plan, "trained", 0),
+        slots=_get(plan, "slots", 0),
+        notes=list(_get(plan, "notes", ()) or ()),
+        refusal_field=_get(refusal, "field", "") or "",
+        refusal=_get(refusal, "message", "") or "",
+        profiles=profiles,
+    )
+
+
+def field_errors(form: ContextForm | None, plan: PlanView | None, error: str = "") -> dict[str, str]:
+    """One message per form field (and "form" for the rest): the form's own parsing errors,
+    else the plan's refusal on the field it concerns."""
+    errors = {name: "" for name in (*ContextForm.FIELDS, "form")}
+    if form is not None and form.is_bound:
+        for name, messages in form.errors.items():
+            errors[name if name in errors else "form"] = " ".join(messages)
+        if form.incomplete:
+            errors["form"] = ""
+    if plan is not None and plan.refusal:
+        where = plan.refusal_field if plan.refusal_field in ContextForm.FIELDS else "form"
+        errors[where] = plan.refusal
+    if error:
+        errors["form"] = error
+    return errors
+
+
+def shape_summary(model: Model) -> list[tuple[str, object]]:
+    """The cached shape in words (never read here: the preview reads and caches it)."""
+    if not model.shape:
+        return []
+    try:
+        shape = Shape.from_dict(model.shape)
+    except (TypeError, ValueError):
+        return [("shape", "cached, but not in a form this console reads")]
+    rows = [
+        ("architecture", shape.architecture),
+        ("layers", shape.layers),
+        ("heads / KV heads", f"{shape.heads} / {shape.kv_heads}"),
+        ("trained context", shape.trained_context or "not known"),
+        ("KV per token (f16, full attention)", _bytes(shape.kv_per_token)),
+        ("weights", _bytes(shape.weights_bytes) if shape.weights_bytes else "not known"),
+    ]
+    if shape.sliding_window:
+        rows.append(("sliding window", f"{shape.sliding_window} tokens on {sum(shape.swa_layers)} layers"))
+    if shape.mla:
+        rows.append(("MLA", f"latent {shape.kv_lora_rank} + rope {shape.rope_head_dim}"))
+    if any(shape.recurrent_layers):
+        rows.append(("recurrent layers", sum(shape.recurrent_layers)))
+    if shape.rope_scaling:
+        rows.append(("rope scaling", shape.rope_scaling))
+    if shape.source_kind:
+        rows.append(("read from", shape.source_kind))
+    return rows
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def read_log(replica: Replica, lines: int = LOG_LINES) -> str:
+    """The engine's last log lines: the fleet reads them (a replica may run on another
+    machine); until the fleet can, the local log file's tail."""
+    try:
+        from catalog.fleet import read_log as fleet_read_log
+    except ImportError:
+        fleet_read_log = None
+    try:
+        if fleet_read_log is not None:
+            return fleet_read_log(replica, lines=lines)
+        return _tail(replica.log_path, lines)
+    except Exception as e:  # noqa: BLE001 - a log that cannot be read is said, not a 500
+        return f"(its log could not be read: {e})"
+
+
+def _tail(path: str, lines: int) -> str:
+    if not path:
+        return ""
+    with Path(path).open("rb") as f:
+        f.seek(0, 2)
+        size = f.tell()
+        f.seek(max(0, size - 64 * 1024))
+        text = f.read().decode("utf-8", "replace")
+    return "\n".join(text.splitlines()[-lines:])
+
+
+# ----------------------------------------------------------------------------- pages
+
+
+@require_GET
+def model_list(request: HttpRequest) -> HttpResponse:
+    active = Change.objects.filter(model=OuterRef("pk"), state__in=[ChangeState.QUEUED, ChangeState.RUNNING])
+    models = Model.objects.annotate(
+        n_profiles=Count("profiles", distinct=True),
+        n_ready=Count("profiles__replicas", filter=Q(profiles__replicas__state=ReplicaState.READY), distinct=True),
+        n_replicas=Count("profiles__replicas", filter=live_replicas("profiles__replicas__"), distinct=True),
+        active_change_id=Subquery(active.values("pk")[:1]),
+        active_change_state=Subquery(active.values("state")[:1]),
+    ).order_by("name")
+    return render(request, "catalog/model_list.html", {"nav": "models", "models": models})
+
+
+def _model_page_context(model: Model, user, form: ContextForm, plan=None, error: str = "", conflict=None) -> dict:
+    profiles = list(
+        model.profiles.select_related("gpu_class").prefetch_related(
+            Prefetch(
+                "replicas",
+                queryset=Replica.objects.filter(live_replicas()).select_related("node").order_by("slot", "id"),
+                to_attr="live_replicas",
+            )
+        )
+    )
+    changes = list(model.changes.select_related("user")[:15])
+    # The memory each profile was last planned with: the latest change that applied a context
+    # (a refused one applied nothing; a max-output-only one sized nothing).
+    planned = next(
+        (c for c in changes if c.state != ChangeState.REFUSED and c.plan and not c.plan.get("output_only")), None
+    )
+    if planned is None:
+        planned = (
+            model.changes.exclude(state=ChangeState.REFUSED)
+            .exclude(plan__output_only=True)
+            .exclude(plan={})
+            .only("pk", "created_at", "plan")
+            .first()
+        )
+    memory = {}
+    if planned is not None:
+        for p in planned.plan.get("profiles") or ():
+            memory[p.get("profile")] = memory_view(("planned", p.get("memory_after")))
+    for p in profiles:
+        p.memory = memory.get(p.name)
+    pv = plan_view(plan)
+    return {
+        "nav": "models",
+        "model": model,
+        "profiles": profiles,
+        "replicas": [r for p in profiles for r in p.live_replicas],
+        "changes": changes,
+        "planned": planned,
+        "active": next((c for c in changes if c.active), None),
+        "shape_rows": shape_summary(model),
+        "can_change": services.can_change_context(user),
+        **_panel_context(model, form, pv, error=error, conflict=conflict),
+    }
+
+
+def _panel_context(model: Model, form: ContextForm, plan: PlanView | None, *, error="", conflict=None, preview=False):
+    errors = field_errors(form, plan, error)
+    return {
+        "model": model,
+        "form": form,
+        "fields": [(form[name], errors[name]) for name in ContextForm.FIELDS],
+        "plan": plan,
+        "errors": errors,
+        "conflict": conflict,
+        # In a preview the button follows the plan; a whole page keeps it usable without JavaScript.
+        "submit_disabled": preview and (plan is None or not plan.ok),
+    }
+
+
+@require_GET
+def model_detail(request: HttpRequest, name: str) -> HttpResponse:
+    model = get_object_or_404(Model, name=name)
+    context = _model_page_context(model, request.user, ContextForm(model=model))
+    return render(request, "catalog/model_detail.html", context)
+
+
+@require_POST
+def context_preview(request: HttpRequest, name: str) -> HttpResponse:
+    """What the change typed so far would do: always 200 with a fragment that says it,
+    including for input that is not a number. Writes nothing."""
+    form = ContextForm(request.POST)
+    plan = error = None
+    if form.is_valid():
+        try:
+            plan = services.preview(name, **form.request_kwargs())
+        except services.NotFound as e:
+            raise Http404(e.message) from None
+        except services.ServiceError as e:
+            error = e.message
+    # The fragment only names the model (in URLs): no need to read it here, the service did.
+    context = _panel_context(SimpleNamespace(name=name), form, plan_view(plan), error=error or "", preview=True)
+    context["can_change"] = services.can_change_context(request.user)
+    return render(request, "catalog/model_detail.html#preview", context)
+
+
+@require_POST
+def context_change(request: HttpRequest, name: str) -> HttpResponse:
+    """Make the change; without JavaScript, errors re-render the whole page."""
+    model = get_object_or_404(Model, name=name)
+    if not services.can_change_context(request.user):
+        return _forbidden(request, "You may read this model's plan, but changing its context needs the "
+                          "change_context permission.")
+    form = ContextForm(request.POST, model=model)
+    plan = error = conflict = None
+    if form.is_valid():
+        try:
+            change = services.request_change(
+                name,
+                **form.request_kwargs(),
+                message=form.cleaned_data["message"],
+                user=request.user,
+                source="console",
+            )
+        except services.Refused as e:
+            plan, error = e.plan, ("" if e.plan is not None else e.message)
+        except services.Conflict as e:
+            conflict, error = e.change, e.message
+        except services.Forbidden as e:
+            return _forbidden(request, e.message)
+        except services.NotFound as e:
+            raise Http404(e.message) from None
+        except services.ServiceError as e:
+            error = e.message
+        else:
+            if request.htmx:
+                return HttpResponseClientRedirect(change.get_absolute_url())
+            return redirect(change)
+    if request.htmx:
+        context = _panel_context(model, form, plan_view(plan), error=error or "", conflict=conflict)
+        context["can_change"] = True
+        return render(request, "catalog/model_detail.html#context_panel", context)
+    model.refresh_from_db()
+    context = _model_page_context(model, request.user, form, plan, error=error or "", conflict=conflict)
+    return render(request, "catalog/model_detail.html", context)
+
+
+def _forbidden(request: HttpRequest, message: str) -> HttpResponse:
+    return render(request, "catalog/forbidden.html", {"message": message}, status=403)
+
+
+def _change_context(change: Change, user) -> dict:
+    steps = list(
+        ChangeStep.objects.filter(change=change)
+        .select_related("profile", "node", "old_replica", "new_replica__node")
+        .order_by("position")
+    )
+    for step in steps:
+        step.log = read_log(step.new_replica) if step.state == "failed" and step.new_replica else ""
+    done = sum(1 for s in steps if s.state in ("done", "skipped"))
+    current = next((s for s in steps if s.state not in ("done", "skipped", "pending")), None)
+    return {
+        "change": change,
+        "plan": plan_view(change.plan),
+        "steps": steps,
+        "done": done,
+        "current": current,
+        "can_rollback": change.state == ChangeState.FAILED and services.can_change_context(user),
+    }
+
+
+@require_GET
+def change_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    change = get_object_or_404(Change.objects.select_related("model", "user", "rollback_of"), pk=pk)
+    context = _change_context(change, request.user)
+    if request.htmx:
+        response = render(request, "catalog/change_detail.html#live", context)
+        if not change.active:
+            # Ended: the last state is swapped in and the polling stops.
+            response = HttpResponseStopPolling(response.content)
+        return response
+    return render(request, "catalog/change_detail.html", context)
+
+
+@require_POST
+def change_rollback(request: HttpRequest, pk: int) -> HttpResponse:
+    change = get_object_or_404(Change, pk=pk)
+    try:
+        new = services.rollback(change.pk, user=request.user, source="console", message=request.POST.get("message", ""))
+    except services.Forbidden as e:
+        return _forbidden(request, e.message)
+    except services.Conflict as e:
+        new = e.change
+        if new is None:
+            return _forbidden(request, e.message)
+    except services.ServiceError as e:
+        context = _change_context(change, request.user)
+        context["rollback_error"] = e.message
+        return render(request, "catalog/change_detail.html", context, status=e.status)
+    if request.htmx:
+        return HttpResponseClientRedirect(new.get_absolute_url())
+    return redirect(new)
+
+
+@require_GET
+def change_list(request: HttpRequest) -> HttpResponse:
+    """The audit history, filtered by model, user, source and state (GET parameters)."""
+    form = HistoryFilterForm(request.GET)
+    changes = Change.objects.select_related("model", "user").filter(**form.filters()).order_by("-created_at", "-id")
+    page = Paginator(changes, 50).get_page(request.GET.get("page"))
+    query = request.GET.copy()
+    query.pop("page", None)
+    context = {"nav": "history", "form": form, "page": page, "query": query.urlencode()}
+    template = "catalog/change_list.html#table" if request.htmx else "catalog/change_list.html"
+    return render(request, template, context)
+
+
+@require_GET
+def replica_log(request: HttpRequest, pk: int) -> HttpResponse:
+    replica = get_object_or_404(Replica.objects.select_related("profile__model", "node"), pk=pk)
+    try:
+        lines = max(1, min(int(request.GET.get("lines", 200)), 5000))
+    except ValueError:
+        lines = 200
+    return render(request, "catalog/replica_log.html", {"replica": replica, "log": read_log(replica, lines), "lines": lines})
