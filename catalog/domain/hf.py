@@ -30,6 +30,13 @@ _LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_lengt
 _NO_MULTIPLY = {"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling", "default", "mrope"}
 _DTYPES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
 
+# transformers config-class defaults for fields real configs leave out (vLLM reads the filled-in
+# config object): Gemma3TextConfig max_position_embeddings 131072, sliding_window 4096, pattern 6
+_CLASS_DEFAULTS = {
+    "gemma3_text": {"max_position_embeddings": 131072, "sliding_window": 4096},
+    "gemma2": {"max_position_embeddings": 8192, "sliding_window": 4096},
+}
+
 _PURE_RECURRENT = {"mamba", "mamba2", "falcon_mamba", "rwkv", "rwkv5", "rwkv6", "rwkv7"}
 
 
@@ -123,6 +130,9 @@ def shape_from_hf_config(config: dict, weights_bytes: int = 0) -> Shape:
     """A config.json as vLLM reads it (kv-memory.md §3.1, §3.2, §5.1)."""
     cfg = text_config(config)
     mt = str(cfg.get("model_type") or config.get("model_type") or "").lower()
+    for k, v in _CLASS_DEFAULTS.get(mt, {}).items():
+        if cfg.get(k) is None:
+            cfg = {**cfg, k: v}
     archs = config.get("architectures") or cfg.get("architectures") or []
 
     layers = _num(cfg, "num_hidden_layers", "n_layer", "num_layers", "n_layers")
@@ -302,42 +312,74 @@ def _weights_from_siblings(siblings) -> int:
     return sum(z for n, z in files if n.endswith(".bin") and "training_args" not in n)
 
 
+def _truthy(v: str | None) -> bool:
+    return (v or "").strip().lower() in ("1", "on", "yes", "true")
+
+
 def fetch_hf(repo: str, revision: str | None = None, *, token: str | None = None, timeout: float = 10,
              endpoint: str | None = None) -> tuple[dict, int]:
     """config.json (hf_hub_download) and the weights' size (model_info siblings) of a repository,
-    through huggingface_hub: HF_ENDPOINT, HF_HUB_OFFLINE and HF_TOKEN are honoured by it."""
+    through huggingface_hub. HF_ENDPOINT, HF_HUB_OFFLINE and HF_TOKEN are read at call time (the
+    library reads them once, at import). huggingface_hub retries a failing connection with a
+    backoff of up to ~25 s, so the whole fetch runs under a deadline of 3 x timeout."""
+    import threading
+
+    from huggingface_hub import constants as hf_constants
+
+    if not isinstance(repo, str) or not repo.strip() or repo.count("/") > 1 or repo.strip() != repo:
+        raise HFError(f"{repo!r} is not a Hugging Face repository name")
+    token = token or os.environ.get("HF_TOKEN") or None
+    endpoint = (endpoint or os.environ.get("HF_ENDPOINT") or hf_constants.ENDPOINT).rstrip("/")
+    offline = hf_constants.HF_HUB_OFFLINE or _truthy(os.environ.get("HF_HUB_OFFLINE"))
+    result: dict = {}
+
+    def run():
+        try:
+            result["ok"] = _fetch(repo, revision, token, timeout, endpoint, offline)
+        except BaseException as exc:  # handed to the caller's thread
+            result["error"] = exc
+
+    worker = threading.Thread(target=run, name=f"fetch_hf {repo}", daemon=True)
+    worker.start()
+    worker.join(3 * timeout)
+    if worker.is_alive():
+        raise HFError(f"{repo}: the hub at {endpoint} did not answer within {3 * timeout:g} s")
+    if "error" in result:
+        raise result["error"]
+    return result["ok"]
+
+
+def _fetch(repo: str, revision: str | None, token: str | None, timeout: float, endpoint: str,
+           offline: bool) -> tuple[dict, int]:
     import json
 
     from huggingface_hub import HfApi, hf_hub_download
-    from huggingface_hub import constants as hf_constants
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
 
-    if not isinstance(repo, str) or not repo.strip() or repo.count("/") > 1:
-        raise HFError(f"{repo!r} is not a Hugging Face repository name")
-    token = token or os.environ.get("HF_TOKEN") or None
-    endpoint = endpoint or hf_constants.ENDPOINT
     try:
         path = hf_hub_download(repo, "config.json", revision=revision, token=token, etag_timeout=timeout,
-                               endpoint=endpoint)
+                               endpoint=endpoint, local_files_only=offline)
         with open(path, encoding="utf-8") as f:
             config = json.load(f)
     except (OfflineModeIsEnabled, LocalEntryNotFoundError) as exc:
-        offline = " (HF_HUB_OFFLINE is set and it is not in the local cache)" if hf_constants.HF_HUB_OFFLINE else ""
-        raise HFError(f"{repo}: config.json could not be fetched{offline}: {exc}") from None
+        why = " (HF_HUB_OFFLINE is set and it is not in the local cache)" if offline else ""
+        raise HFError(f"{repo}: config.json could not be fetched from {endpoint}{why}: {exc}") from None
     except HfHubHTTPError as exc:
-        raise HFError(f"{repo}: config.json could not be fetched: {exc}") from None
+        raise HFError(f"{repo}: config.json could not be fetched from {endpoint}: {exc}") from None
     except (OSError, ValueError) as exc:
         raise HFError(f"{repo}: config.json could not be read: {exc}") from None
     except Exception as exc:  # huggingface_hub raises a zoo of errors (httpx, repository not found, ...)
-        raise HFError(f"{repo}: config.json could not be fetched: {type(exc).__name__}: {exc}") from None
+        raise HFError(f"{repo}: config.json could not be fetched from {endpoint}: {type(exc).__name__}: {exc}") from None
     if not isinstance(config, dict):
         raise HFError(f"{repo}: config.json is not a JSON object")
+    if offline:
+        return config, 0  # the sizes are not in the local cache: unknown
     try:
         info = HfApi(endpoint=endpoint, token=token).model_info(repo, revision=revision, files_metadata=True,
                                                                  timeout=timeout)
         weights = _weights_from_siblings(info.siblings)
     except OfflineModeIsEnabled:
-        weights = 0  # offline: the config came from the cache, the sizes are unknown
+        weights = 0
     except Exception as exc:
-        raise HFError(f"{repo}: its files could not be listed: {type(exc).__name__}: {exc}") from None
+        raise HFError(f"{repo}: its files could not be listed at {endpoint}: {type(exc).__name__}: {exc}") from None
     return config, weights

@@ -457,7 +457,8 @@ def kv_bytes(shape: Shape, engine: str, context: int, slots: int = 1, *, cache_t
 
     llama.cpp: as llama-server sizes it for `--ctx-size context*slots --parallel slots`
     (kv-memory.md §1.10). vLLM: per request, times `slots` concurrent sequences. SGLang: a token
-    pool of context*slots cells. strata/freetoken: no engine rule is known here, so the naive
+    pool of context*slots cells. cache_type_v None means "as cache_type_k" (llama.cpp's own
+    default for -ctv is f16: kv_settings_from_args passes both). strata/freetoken: no engine rule is known here, so the naive
     full-attention figure `kv_per_token * context * slots` (not llama.cpp's) is used."""
     if engine not in ENGINES:
         raise KVError(f"unknown engine {engine!r}: one of {', '.join(ENGINES)}")
