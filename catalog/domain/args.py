@@ -7,13 +7,19 @@ place, so an admin's own spelling survives a change."""
 from __future__ import annotations
 
 
+def _looks_like_flag(a: str) -> bool:
+    """`--x`, `--` or `-x`: never a flag's value (a negative number such as `-1` is one)."""
+    return a.startswith("--") or (len(a) > 1 and a[0] == "-" and a[1].isalpha())
+
+
 def _find(args: list[str], names: tuple[str, ...]) -> tuple[int, str, bool] | None:
     """Where a flag is: (index, the name used, written with '='), the last occurrence wins
-    as it does for the engines' argument parsers."""
+    as it does for the engines' argument parsers. A name followed by another flag has no
+    value, so that flag is not taken for it (and not overwritten by set_arg)."""
     found = None
     for i, a in enumerate(args):
         for name in names:
-            if a == name and i + 1 < len(args):
+            if a == name and i + 1 < len(args) and not _looks_like_flag(args[i + 1]):
                 found = (i, name, False)
             elif a.startswith(name + "="):
                 found = (i, name, True)
