@@ -253,7 +253,7 @@ def wait_ready(replica: Replica, timeout: float) -> float:
                 pass
             if time.monotonic() >= deadline:
                 raise EngineFailed(f"no health and completion within {timeout:.0f} s", read_log(replica, 30))
-            time.sleep(0.05 if time.monotonic() - began < 5 else 0.25)
+            time.sleep(0.02 if time.monotonic() - began < 3 else 0.25)
 
 
 def stop(replica: Replica, grace: float | None = None) -> None:

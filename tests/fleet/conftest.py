@@ -176,7 +176,7 @@ def _no_engine_left(request):
 
 
 @pytest.fixture
-def catalog_rows(transactional_db, tiny_model_path, llama_server):
+def catalog_rows(transactional_db, tiny_model_path):
     """make(name, args, nodes=...) -> (model, profile): a llama.cpp model on the tiny GGUF."""
     from catalog.models import Model, Node, Profile
 

@@ -1,0 +1,113 @@
+"""The rollout's orchestration overhead (SPEC §5; not part of the test run).
+
+    .venv/bin/python bench/bench_rollout.py [--replicas 4] [--width 64] [--layers 2] [--runs 1]
+
+A context change of a model served by N real llama-server replicas on this machine, run by
+catalog.rollout.run in this process (the Celery task calls exactly that), on a migrated SQLite
+file in a temporary LLMGW_DATA and Redis database 14. It measures, in the same run, the total
+time of the rollout against the sum of the replicas' own times: each new replica's start
+(spawn → health 200 and a completion answered) and each old replica's drain and stop
+(draining → process gone). The rest is the orchestration's overhead: database writes, port
+choice, polling. Goal: overhead under 10% of the total.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--replicas", type=int, default=4)
+    ap.add_argument("--width", type=int, default=64, help="the tiny model's width (bigger loads slower)")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=1)
+    opts = ap.parse_args()
+
+    data = Path(tempfile.mkdtemp(prefix="llmgw-bench-rollout-"))
+    os.environ.update(LLMGW_DATA=str(data), DATABASE_URL=f"sqlite:///{data / 'bench.sqlite3'}",
+                      REDIS_URL=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14"),
+                      DJANGO_SETTINGS_MODULE="llmgw_console.settings", LOG_LEVEL="WARNING")
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    from catalog import fleet, rollout
+    from catalog.choices import ChangeState, ReplicaState
+    from catalog.fleet import engines
+    from catalog.fleet.tiny_gguf import write_tiny_llama
+    from catalog.models import Change, Model, Node, Profile
+
+    print(f"llama-server: {engines.llama_server_binary()}")
+    gguf = write_tiny_llama(data / "models" / "bench.gguf", context_length=16384, width=opts.width, layers=opts.layers,
+                            heads=max(4, opts.width // 64), kv_heads=max(2, opts.width // 128), ffn=opts.width * 2)
+    print(f"model: {gguf.stat().st_size / 2**20:.1f} MiB, {opts.layers} layers, width {opts.width}")
+    model = Model.objects.create(name="bench", source=str(gguf), context_length=16384, shape={"trained_context": 16384})
+    args = ["--ctx-size", "1024", "--parallel", "2", "--threads", "1"]
+    profile = Profile.objects.create(model=model, name="cpu", engine="llamacpp", args=args, cpu_only=True)
+    node = Node.objects.create(name="local", backend="local")
+    replicas = [fleet.start_replica(profile, node, args, slot=i) for i in range(opts.replicas)]
+    for r in replicas:
+        fleet.wait_ready(r)
+        fleet.mark(r, ReplicaState.READY)
+
+    def stamp(step, text) -> datetime:
+        for line in step.detail.splitlines():
+            t, _, rest = line.partition(" ")
+            if text in rest:
+                return datetime.fromisoformat(t)
+        raise RuntimeError(f"no {text!r} in step {step.position}")
+
+    ratios = []
+    try:
+        for run in range(opts.runs):
+            ctx = 2048 * (run + 2)
+            profile.args = ["--ctx-size", str(ctx), "--parallel", "4", "--threads", "1"]
+            profile.save()
+            change = Change.objects.create(model=model, kind="context", source="cli", state=ChangeState.QUEUED)
+            began = time.perf_counter()
+            outcome = rollout.run(change.id)
+            total = time.perf_counter() - began
+            change.refresh_from_db()
+            if outcome != "succeeded":
+                print(f"rollout {outcome}: {change.error}")
+                return 1
+            start_sum = drain_sum = 0.0
+            print(f"\nrun {run + 1}: --ctx-size {ctx} --parallel 4 over {opts.replicas} replicas")
+            for step in change.steps.order_by("position"):
+                new, old = step.new_replica, step.old_replica
+                start = (stamp(step, f"new replica {new.id} ready") - new.started_at).total_seconds()
+                drain = (old.stopped_at - stamp(step, f"old replica {old.id} draining")).total_seconds()
+                start_sum += start
+                drain_sum += drain
+                print(f"  step {step.position}: start {start * 1000:7.1f} ms   drain+stop {drain * 1000:7.1f} ms   "
+                      f"step {(step.finished_at - step.started_at).total_seconds() * 1000:7.1f} ms")
+            own = start_sum + drain_sum
+            overhead = total - own
+            ratios.append(overhead / total)
+            print(f"  total {total * 1000:.1f} ms; replicas' own time {own * 1000:.1f} ms "
+                  f"(starts {start_sum * 1000:.1f} + drains/stops {drain_sum * 1000:.1f})")
+            print(f"  orchestration overhead {overhead * 1000:.1f} ms = {overhead / total:.1%} of the total (goal < 10%)")
+    finally:
+        from catalog.models import Replica
+
+        for r in Replica.objects.filter(state__in=[ReplicaState.STARTING, ReplicaState.READY, ReplicaState.DRAINING]):
+            fleet.stop(r)
+    if opts.runs > 1:
+        print(f"\noverhead ratio over {opts.runs} runs: " + ", ".join(f"{x:.1%}" for x in ratios))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

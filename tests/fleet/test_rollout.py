@@ -1,0 +1,238 @@
+"""The rolling restart with real llama-server processes, a real Redis and real Celery workers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from catalog import fleet
+from catalog.choices import ChangeState, ReplicaState, StepState
+from catalog.fleet import local
+from catalog.models import Replica
+from tests.fleet.helpers import complete, event_time, ppid, props, request_change, up, wait_change, wait_for
+
+pytestmark = [pytest.mark.llamacpp, pytest.mark.slow, pytest.mark.django_db(transaction=True),
+              pytest.mark.usefixtures("llama_server")]
+
+OLD = ["--ctx-size", "1024", "--parallel", "2", "--threads", "1"]
+NEW = ["--ctx-size", "4096", "--parallel", "4", "--threads", "1"]
+
+
+class Observer(threading.Thread):
+    """Samples the replicas' states every 20 ms while a rollout runs."""
+
+    def __init__(self, model):
+        super().__init__(daemon=True)
+        self.model = model
+        self.samples: list[dict[int, str]] = []
+        self.halt = threading.Event()
+
+    def run(self):
+        try:
+            while not self.halt.is_set():
+                self.samples.append(dict(Replica.objects.filter(profile__model=self.model).values_list("id", "state")))
+                time.sleep(0.02)
+        finally:
+            connection.close()
+
+    def stop(self):
+        self.halt.set()
+        self.join(10)
+
+
+def test_context_change_restarts_replicas_one_at_a_time_new_before_old(catalog_rows, start_worker):
+    start_worker("rollout")
+    model, profile = catalog_rows("tiny", OLD)
+    olds = up(profile, catalog_rows.node(), 3)
+    assert all(props(r) == {"n_ctx": 512, "slots": 2} for r in olds)
+
+    observer = Observer(model)
+    observer.start()
+    change = wait_change(request_change(profile, NEW), 120)
+    observer.stop()
+    assert change.state == ChangeState.SUCCEEDED, change.error
+    assert change.started_at and change.finished_at
+
+    steps = list(change.steps.order_by("position"))
+    assert [s.state for s in steps] == [StepState.DONE] * 3
+    assert [s.old_replica_id for s in steps] == [r.id for r in olds]
+    for s in steps:
+        old, new = s.old_replica, s.new_replica
+        assert old.state == ReplicaState.STOPPED and new.state == ReplicaState.READY
+        assert new.args == NEW and new.slot == old.slot
+        # the new replica serves the new context: 4096 tokens over 4 slots
+        assert props(new) == {"n_ctx": 1024, "slots": 4}
+        assert complete(new)["tokens_predicted"] >= 1
+        ready = event_time(s, f"new replica {new.id} ready")
+        draining = event_time(s, f"old replica {old.id} draining")
+        assert new.started_at < ready <= draining < old.stopped_at
+        assert not local.pid_is_replica(old.pid, old.id)
+    for a, b in zip(steps, steps[1:]):
+        # one at a time: the next replica starts after the previous old one stopped
+        assert a.finished_at <= b.started_at
+        assert a.old_replica.stopped_at <= b.new_replica.started_at
+
+    during = [s for s in observer.samples if any(v != ReplicaState.READY for v in s.values())]
+    assert during, "the observer saw no rollout"
+    assert min(sum(v == ReplicaState.READY for v in s.values()) for s in during) >= 3
+    assert max(sum(v == ReplicaState.STARTING for v in s.values()) for s in observer.samples) <= 1
+
+    # a second run of the same change is a no-op
+    from catalog import rollout
+
+    assert rollout.run(change.id) == "already succeeded"
+
+
+def test_a_completion_in_flight_on_a_draining_replica_finishes(catalog_rows, start_worker):
+    start_worker("rollout")
+    args = ["--ctx-size", "16384", "--parallel", "1", "--threads", "1"]
+    model, profile = catalog_rows("tiny", args)
+    (old,) = up(profile, catalog_rows.node(), 1)
+    rds = fleet.redis_client()
+    key = fleet.inflight_key(old.id)
+    result: dict = {}
+
+    def long_request():  # as the router does it: count it in flight while it runs
+        rds.incr(key)
+        try:
+            result["response"] = complete(old, n=12000, ignore_eos=True, cache_prompt=False)
+            result["ended"] = timezone.now()
+        finally:
+            rds.decr(key)
+
+    client = threading.Thread(target=long_request)
+    client.start()
+    wait_for(lambda: any(s.get("is_processing") for s in httpx.get(old.endpoint + "/slots").json()), 10, "a busy slot")
+    change = request_change(profile, ["--ctx-size", "8192", "--parallel", "1", "--threads", "1"])
+    client.join(120)
+    change = wait_change(change, 120)
+    assert change.state == ChangeState.SUCCEEDED, change.error
+
+    response = result["response"]
+    assert response["tokens_predicted"] == 12000 and response["stop_type"] == "limit"
+    (step,) = change.steps.all()
+    old.refresh_from_db()
+    draining = event_time(step, f"old replica {old.id} draining")
+    assert draining < result["ended"] < old.stopped_at, (draining, result["ended"], old.stopped_at)
+    assert "drained in" in step.detail
+
+
+def test_a_context_llama_cpp_refuses_fails_old_replicas_keep_serving_and_rollback_restores(catalog_rows, start_worker):
+    start_worker("rollout")
+    model, profile = catalog_rows("tiny", OLD)
+    olds = up(profile, catalog_rows.node(), 2)
+    bad = ["--ctx-size", "4096", "--parallel", "4", "--threads", "1", "--cache-type-k", "q9_9"]
+    failed = wait_change(request_change(profile, bad), 120)
+
+    assert failed.state == ChangeState.FAILED
+    assert "replica 1 of 2" in failed.error and "exited" in failed.error
+    assert "q9_9" in failed.error  # llama-server's own last log lines
+    steps = list(failed.steps.order_by("position"))
+    assert [s.state for s in steps] == [StepState.FAILED, StepState.PENDING]
+    new = steps[0].new_replica
+    assert new.state == ReplicaState.FAILED and "q9_9" in new.error
+    assert not local.pid_is_replica(new.pid, new.id)
+    for r in olds:
+        r.refresh_from_db()
+        assert r.state == ReplicaState.READY and local.alive(r)
+        assert props(r) == {"n_ctx": 512, "slots": 2}
+        assert complete(r)["tokens_predicted"] >= 1
+
+    rollback = wait_change(request_change(profile, OLD, kind="rollback", rollback_of=failed), 60)
+    assert rollback.state == ChangeState.SUCCEEDED, rollback.error
+    assert [s.state for s in rollback.steps.all()] == [StepState.SKIPPED, StepState.SKIPPED]
+    assert set(Replica.objects.filter(state=ReplicaState.READY).values_list("id", flat=True)) == {r.id for r in olds}
+    profile.refresh_from_db()
+    assert profile.args == OLD
+
+
+def test_worker_killed_mid_rollout_then_a_new_worker_completes_it_without_orphans(catalog_rows, start_worker):
+    w1 = start_worker("w1")
+    model, profile = catalog_rows("tiny", OLD)
+    olds = up(profile, catalog_rows.node(), 3)
+    rds = fleet.redis_client()
+    rds.set(fleet.inflight_key(olds[1].id), 1)  # a request in flight on the 2nd replica holds its drain
+
+    change = request_change(profile, NEW)
+    step2 = wait_for(lambda: change.steps.filter(position=2, state=StepState.DRAINING).first(), 60, "step 2 draining")
+    w1.kill()
+    time.sleep(0.5)
+    new2 = step2.new_replica
+    assert local.alive(new2), "the engine a dead worker started keeps running"
+    olds[1].refresh_from_db()
+    assert olds[1].state == ReplicaState.DRAINING and local.alive(olds[1])
+    change.refresh_from_db()
+    assert change.state == ChangeState.RUNNING
+
+    rds.set(fleet.inflight_key(olds[1].id), 0)  # the request finished
+    start_worker("w2")  # at start it sweeps: the dead worker's lock expires, the rollout resumes
+    change = wait_change(change, 120)
+    assert change.state == ChangeState.SUCCEEDED, change.error
+    assert [s.state for s in change.steps.order_by("position")] == [StepState.DONE] * 3
+    step2.refresh_from_db()
+    assert step2.new_replica_id == new2.id  # resumed, not restarted
+
+    active = list(Replica.objects.filter(state__in=[ReplicaState.STARTING, ReplicaState.READY, ReplicaState.DRAINING]))
+    assert len(active) == 3 and all(r.state == ReplicaState.READY and r.args == NEW for r in active)
+    assert Replica.objects.count() == 6  # no replica lost, none started twice
+    running = {p["pid"] for p in local.engine_processes()}
+    assert running == {r.pid for r in active}, "an engine runs that the database does not track"
+    for r in Replica.objects.exclude(id__in=[a.id for a in active]):
+        assert r.state == ReplicaState.STOPPED and not local.pid_is_replica(r.pid, r.id)
+    assert all(props(r) == {"n_ctx": 1024, "slots": 4} for r in active)
+
+
+def test_two_nodes_each_served_by_its_own_worker_and_queue(catalog_rows, start_worker):
+    start_worker("rollout")
+    wa = start_worker("node-a", ["node.a"], pool="threads")
+    wb = start_worker("node-b", ["node.b"], pool="threads")
+    model, profile = catalog_rows("tiny", OLD)
+    na, nb = catalog_rows.node("a", "celery"), catalog_rows.node("b", "celery")
+    (ra,) = up(profile, na, 1)
+    (rb,) = up(profile, nb, 1)
+    assert ppid(ra.pid) == wa.pid and ppid(rb.pid) == wb.pid  # each node's worker spawned its engine
+    assert fleet.probe(ra) and fleet.probe(rb)
+
+    change = wait_change(request_change(profile, NEW), 120)
+    assert change.state == ChangeState.SUCCEEDED, change.error
+    for step, worker, node in zip(change.steps.order_by("position"), (wa, wb), (na, nb)):
+        new = step.new_replica
+        assert step.node_id == node.id and new.node_id == node.id and new.state == ReplicaState.READY
+        assert ppid(new.pid) == worker.pid
+        assert props(new) == {"n_ctx": 1024, "slots": 4}
+        step.old_replica.refresh_from_db()
+        assert step.old_replica.state == ReplicaState.STOPPED
+        assert not os.path.exists(f"/proc/{step.old_replica.pid}") or not local.pid_is_replica(step.old_replica.pid, step.old_replica.id)
+    log = fleet.read_log(change.steps.first().new_replica)  # read on the node, through its worker
+    assert log.startswith("$ ") and "--ctx-size 4096" in log
+
+
+def test_reconcile_marks_a_killed_replica_restarts_it_and_stops_untracked_engines(catalog_rows):
+    model, profile = catalog_rows("tiny", OLD)
+    node = catalog_rows.node()
+    r1, r2, r3 = up(profile, node, 3)
+    os.kill(r1.pid, signal.SIGKILL)
+    wait_for(lambda: not local.alive(r1), 10, "the engine to die")
+    Replica.objects.filter(id=r3.id).delete()  # the database forgets r3; its engine still runs
+
+    msgs = fleet.reconcile()
+
+    r1.refresh_from_db()
+    assert r1.state == ReplicaState.FAILED and "died" in r1.error and r1.stopped_at
+    replacement = Replica.objects.get(state=ReplicaState.READY, slot=r1.slot)
+    assert replacement.args == OLD and local.alive(replacement)
+    assert complete(replacement)["tokens_predicted"] >= 1
+    r2.refresh_from_db()
+    assert r2.state == ReplicaState.READY and local.alive(r2)
+    assert not local.pid_is_replica(r3.pid, r3.id)
+    assert any(f"pid {r3.pid}" in m and "untracked" in m for m in msgs), msgs
+    assert any(f"replica {r1.id}" in m and "restarted" in m for m in msgs), msgs
+    assert {p["pid"] for p in local.engine_processes()} == {r2.pid, replacement.pid}
+    assert fleet.reconcile() == []  # nothing left to fix
