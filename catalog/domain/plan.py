@@ -45,8 +45,8 @@ NO_CARD_CHECK = {
 
 # The memory model's figures; docs/memory.md gives the source of each.
 VLLM_DEFAULT_UTILIZATION = 0.9  # SPEC §3; vLLM 0.33.0 itself defaults to 0.92 (vllm/config/cache.py)
-VLLM_ACTIVATIONS = 1 * GiB  # peak activations of vLLM's profiling run (max_num_batched_tokens)
-VLLM_CUDA_GRAPHS = 1 * GiB  # CUDA graph pool; 0 with --enforce-eager
+VLLM_ACTIVATIONS = 3 * GiB // 2  # torch peak of vLLM's profiling run + its non-torch memory
+VLLM_CUDA_GRAPHS = GiB // 2  # CUDA graph pool; 0 with --enforce-eager
 LLAMACPP_COMPUTE_PER_UBATCH_TOKEN = MiB  # compute buffer: 512 MiB per card at the default n_ubatch 512
 LLAMACPP_DEFAULT_UBATCH = 512
 CPU_OVERHEAD = GiB  # the seed's 1 GiB on top of weights + KV on CPUs (plus weights/20)
