@@ -65,6 +65,8 @@ def _local_stamp(path: str) -> str:
 
 
 def _origin_sizes(model) -> list[tuple[str, int]]:
+    if model.pk is None:  # an unsaved model has no files yet
+        return []
     return [(f.path, f.size) for f in model.files.all()]
 
 
