@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from catalog.domain.args import get_arg, get_int, has_flag, set_arg
 from catalog.domain.shape import Shape
 
-from catalog.domain.kv import kv_bytes, kv_settings_from_args
+from catalog.domain.kv import ENGINES, kv_bytes, kv_settings_from_args
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -35,7 +35,6 @@ STRATA_CONTEXT = ("--context",)
 FREETOKEN_CONTEXT = ("--max-seq-len-override",)
 UBATCH = ("--ubatch-size", "-ub")
 
-ENGINES = ("llamacpp", "vllm", "sglang", "strata", "freetoken")
 NO_CARD_CHECK = {
     "strata": "strata's setup writes the engine's start script with the context at every start, "
     "and it sizes its KV and expert caches to the card itself: there is no card check to make here",
@@ -252,15 +251,17 @@ def _longest_answer(model: ModelInput, request: ChangeRequest, cap: int) -> int:
 
 
 def _refused_plan(name, model, request, refusal, shape=None) -> Plan:
+    """A request refused before any profile is planned: nothing changes, so the "after"
+    figures are the "before" ones (the refusal's message says what was asked)."""
     return Plan(
         model=name,
         context_before=model.context_length if model else 0,
-        context_after=request.tokens,
+        context_after=model.context_length if model else 0,
         max_output_before=model.max_output if model else 0,
         max_output_after=model.max_output if model else 0,
         output_only=False,
         trained=shape.trained_context if shape else 0,
-        slots=request.slots,
+        slots=0,
         profiles=(),
         notes=(),
         refusal=refusal,

@@ -135,9 +135,28 @@ def test_max_output_only_is_allowed_up_to_the_context_and_without_a_known_contex
 
 
 def test_refused_plan_changes_nothing():
-    p = plan(tokens=131073)
+    p = plan(tokens=131073, slots=3)
     assert p.profiles == () and p.max_output_after == p.max_output_before == 2048
+    assert p.context_after == p.context_before == 8192 and p.slots == 0
     assert p.to_dict()["ok"] is False
+
+
+@pytest.mark.parametrize(
+    "request_,field",
+    [
+        ({"tokens": 10**5000}, "tokens"),  # more digits than Python prints by default
+        ({"tokens": 2**31}, "tokens"),
+        ({"tokens": 4096, "slots": 10**5000}, "slots"),
+        ({"tokens": 4096, "max_output": 10**5000}, "max_output"),
+        ({"max_output": 10**5000}, "max_output"),
+        ({"tokens": -(10**5000)}, "tokens"),
+    ],
+)
+def test_huge_numbers_are_refused_and_serialised(request_, field):
+    for shape in (None, LLAMA_8B, Shape("llama", 32, 32, 8, 0, 128, 128, weights_bytes=GiB)):
+        p = plan(shape=shape, **request_)
+        assert p.refusal.field == field
+        json.dumps(p.to_dict(), allow_nan=False)
 
 
 # ----------------------------------------------------------------------------- longest answer
