@@ -220,14 +220,15 @@ def plan_view(plan) -> PlanView | None:
     )
 
 
-def field_errors(form: ContextForm | None, plan: PlanView | None, error: str = "") -> dict[str, str]:
+def field_errors(form: ContextForm | None, plan: PlanView | None, error: str = "", preview: bool = False) -> dict[str, str]:
     """One message per form field (and "form" for the rest): the form's own parsing errors,
-    else the plan's refusal on the field it concerns."""
+    else the plan's refusal on the field it concerns. An empty form is not an error while
+    the admin types (a preview), only when submitted."""
     errors = {name: "" for name in (*ContextForm.FIELDS, "form")}
     if form is not None and form.is_bound:
         for name, messages in form.errors.items():
             errors[name if name in errors else "form"] = " ".join(messages)
-        if form.incomplete:
+        if preview and form.incomplete:
             errors["form"] = ""
     if plan is not None and plan.refusal:
         where = plan.refusal_field if plan.refusal_field in ContextForm.FIELDS else "form"
@@ -361,7 +362,7 @@ def _model_page_context(model: Model, user, form: ContextForm, plan=None, error:
 
 
 def _panel_context(model: Model, form: ContextForm, plan: PlanView | None, *, error="", conflict=None, preview=False):
-    errors = field_errors(form, plan, error)
+    errors = field_errors(form, plan, error, preview)
     return {
         "model": model,
         "form": form,

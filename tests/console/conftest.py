@@ -38,3 +38,9 @@ def viewer_client(viewer):
 
 
 HX = {"HTTP_HX_REQUEST": "true"}
+
+
+@pytest.fixture(autouse=True)
+def fast_password_hasher(settings):
+    """The users' fixtures hash passwords; PBKDF2's cost is not what these tests are about."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
