@@ -56,7 +56,7 @@ HYBRID_ARCHS = frozenset({
 })
 # Hybrids whose recurrent layers are the ones with head_count_kv == 0
 # (src/models/jamba.cpp, granite-hybrid.cpp, lfm2.cpp: is_recr_impl[i] = n_head_kv(i) == 0).
-_RECR_BY_ZERO_KV = frozenset({"jamba", "granitehybrid", "lfm2", "lfm2moe", "plamo2"})
+_RECR_BY_ZERO_KV = frozenset({"jamba", "granitehybrid", "lfm2", "lfm2moe"})
 # Hybrids with a GDN/linear-attention pattern key (src/models/qwen3next.cpp load_arch_hparams).
 _RECR_BY_INTERVAL = frozenset({"qwen3next", "qwen35", "qwen35moe"})
 

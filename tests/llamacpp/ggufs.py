@@ -191,3 +191,41 @@ def write_mamba2(path: Path, *, n_layer: int = 3, n_embd: int = 64, n_ctx: int =
         t.add(f"blk.{i}.ssm_out.weight", (d_inner, n_embd))
     _finish(w)
     return path
+
+
+def write_granitehybrid(path: Path, *, kv_heads: tuple[int, ...] = (0, 2, 0, 0, 2, 0), n_embd: int = 64,
+                        n_head: int = 4, n_ctx: int = 8192, n_ff: int = 128, d_conv: int = 4, d_state: int = 16,
+                        n_group: int = 1, ssm_heads: int = 8, seed: int = 5) -> Path:
+    """A hybrid: Mamba-2 layers where head_count_kv is 0, attention layers elsewhere
+    (src/models/granite-hybrid.cpp; d_inner must be 2 x n_embd)."""
+    n_layer = len(kv_heads)
+    d_inner = 2 * n_embd
+    w = _start(path, "granitehybrid", n_embd=n_embd, n_layer=n_layer, n_ctx=n_ctx, n_ff=n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(list(kv_heads))
+    w.add_ssm_conv_kernel(d_conv)
+    w.add_ssm_inner_size(d_inner)
+    w.add_ssm_state_size(d_state)
+    w.add_ssm_time_step_rank(ssm_heads)
+    w.add_ssm_group_count(n_group)
+    hd = n_embd // n_head
+    w.add_rope_dimension_count(hd)
+    t = _Tensors(w, seed)
+    _embd_and_output(t, n_embd)
+    conv_dim = d_inner + 2 * n_group * d_state
+    for i, kvh in enumerate(kv_heads):
+        if kvh == 0:
+            t.add(f"blk.{i}.attn_norm.weight", (n_embd,), f32=True, value=1.0)
+            t.add(f"blk.{i}.ssm_in.weight", (n_embd, 2 * d_inner + 2 * n_group * d_state + ssm_heads))
+            t.add(f"blk.{i}.ssm_conv1d.weight", (d_conv, conv_dim), f32=True)
+            t.add(f"blk.{i}.ssm_conv1d.bias", (conv_dim,), f32=True)
+            t.add(f"blk.{i}.ssm_dt.bias", (ssm_heads,), f32=True)
+            t.add(f"blk.{i}.ssm_a", (1, ssm_heads), f32=True, value=-1.0)
+            t.add(f"blk.{i}.ssm_d", (1, ssm_heads), f32=True, value=1.0)
+            t.add(f"blk.{i}.ssm_norm.weight", (d_inner // n_group, n_group), f32=True, value=1.0)
+            t.add(f"blk.{i}.ssm_out.weight", (d_inner, n_embd))
+        else:
+            _attn(t, i, n_embd, n_head, kvh, hd)
+        _ffn(t, i, n_embd, n_ff)
+    _finish(w)
+    return path
