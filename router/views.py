@@ -2,15 +2,32 @@
 `runserver`, the test client). The web process answers `/v1/` before Django, in
 `router.asgi`; both call `router.gateway` and only move bytes.
 
-The views take API keys, not sessions: exempt from login and CSRF.
+The views take API keys, not sessions: exempt from login and CSRF. Under WSGI a streamed
+answer is sent whole (no event loop outlives the view there); under ASGI it streams.
 """
 
 from django.conf import settings
+from django.core.handlers.asgi import ASGIRequest
 from django.contrib.auth.decorators import login_not_required
 from django.http import HttpResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from . import gateway
+
+
+async def _respond(request, reply: gateway.Reply):
+    if isinstance(request, ASGIRequest):
+        return _response(reply)
+    # Under WSGI each async view runs in an event loop of its own that ends with it: the
+    # engine's answer is read here, whole, and the loop's clients are closed with it.
+    try:
+        if reply.chunks is not None:
+            reply.body = b"".join([chunk async for chunk in reply.chunks])
+            reply.chunks = None
+    finally:
+        await reply.aclose()
+        await gateway.shutdown()
+    return _response(reply)
 
 
 def _response(reply: gateway.Reply):
@@ -49,7 +66,7 @@ async def _completion(request, kind: str):
     raw = request.read(limit + 1)  # not request.body: its own cap (DATA_UPLOAD_MAX_MEMORY_SIZE) is not ours
     if len(raw) > limit:
         return _response(gateway.too_large(limit))
-    return _response(await gateway.handle_completion(kind, request.headers.get("authorization"), raw))
+    return await _respond(request, await gateway.handle_completion(kind, request.headers.get("authorization"), raw))
 
 
 @csrf_exempt
@@ -69,4 +86,4 @@ async def completions(request):
 async def models(request):
     if request.method != "GET":
         return _wrong_method(request, "GET")
-    return _response(await gateway.list_models(request.headers.get("authorization")))
+    return await _respond(request, await gateway.list_models(request.headers.get("authorization")))

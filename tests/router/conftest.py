@@ -1,7 +1,7 @@
 """The router under test runs for real: uvicorn serving llmgw_console.asgi in a thread of the
 test process (so it reads the same test database), in front of real HTTP engines
-(tests/router/upstream.py), counting in a real Redis (a database of its own: LLMGW_TEST_REDIS_URL,
-default redis://127.0.0.1:6379/13)."""
+(tests/router/upstream.py), counting in a real Redis (a database of its own, not the fleet tests' one:
+LLMGW_TEST_ROUTER_REDIS_URL, default redis://127.0.0.1:6379/12)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from .upstream import FakeEngine
 
-TEST_REDIS_URL = os.environ.get("LLMGW_TEST_REDIS_URL", "redis://127.0.0.1:6379/13")
+TEST_REDIS_URL = os.environ.get("LLMGW_TEST_ROUTER_REDIS_URL", "redis://127.0.0.1:6379/12")
 
 
 def _free_port() -> int:
