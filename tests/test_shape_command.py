@@ -14,7 +14,7 @@ from django.core.management.base import CommandError
 
 from tests.domain.test_hf import DEEPSEEK_V3, GEMMA3_27B
 from tests.llamacpp.ggufs import write_gemma2, write_llama
-from tests.test_shapes import serve_with_ranges
+from tests.test_shapes import hub, serve_with_ranges  # noqa: F401  (hub is a fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -126,3 +126,16 @@ def test_exit_code_1_without_traceback(mirror, tmp_path):
                           env={**__import__("os").environ, "LLMGW_MIRROR_ROOT": str(junk)})
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr and "CommandError" in proc.stderr and "j.gguf" in proc.stderr
+
+
+def test_hf_repo_through_the_hub(hub):
+    from tests.domain.test_hf import QWEN3_32B
+
+    hub("Qwen/Qwen3-32B", QWEN3_32B, [("model-00001-of-00002.safetensors", 40), ("model-00002-of-00002.safetensors", 2)])
+    got = json.loads(run("--hf-repo", "Qwen/Qwen3-32B", "--context", "1000", "--engine", "vllm", "--json"))
+    assert got["weights_bytes"] == 42 and got["kv_per_token"] == 262144
+    assert got["kv_bytes"] == 63 * 16 * 262144  # cdiv(1000, 16) blocks of 16 tokens
+    with pytest.raises(CommandError, match="org/absent"):
+        hub.server.expect_request("/org/absent/resolve/main/config.json").respond_with_data(
+            "no", status=404, headers={"X-Error-Code": "RepositoryNotFound"})
+        run("--hf-repo", "org/absent")

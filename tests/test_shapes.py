@@ -187,6 +187,7 @@ def hub(httpserver, tmp_path, monkeypatch):
         httpserver.expect_request(f"/api/models/{repo}").respond_with_json(
             {"id": repo, "sha": "b" * 40, "siblings": [{"rfilename": n, "size": z} for n, z in siblings]})
 
+    serve.server = httpserver
     return serve
 
 

@@ -152,6 +152,8 @@ def shape_from_hf_config(config: dict, weights_bytes: int = 0) -> Shape:
             raise HFError("the config gives neither head_dim nor hidden_size")
         head_dim = hidden // heads
     head_v = head_dim  # MHA/GQA: V as wide as K
+    if pure_recurrent:  # Mamba-2's num_heads/head_dim are SSM heads, not attention
+        heads = kv_heads = head_dim = head_v = 0
 
     # MLA (deepseek_v2/v3, kimi_k2, ...): latent kv_lora_rank + decoupled rope key, one "head"
     kv_lora = _num(cfg, "kv_lora_rank", default=0)
@@ -280,21 +282,28 @@ def _recurrent_state(cfg: dict, mt: str, hidden: int) -> tuple[int, int]:
     elif mt.startswith("rwkv"):
         head = _num(cfg, "head_size", "attention_head_size", default=64)
         return 2 * hidden, hidden * head
-    elif mt == "jamba" or (mt.startswith("mamba") and "n_groups" not in cfg and mt != "mamba2"):
-        # Mamba-1 / Jamba: no groups
-        expand = _num(cfg, "mamba_expand", "expand", default=2)
-        d_inner = _num(cfg, "mamba_d_inner", "d_inner", "intermediate_size", default=0) if mt != "jamba" else 0
-        d_inner = d_inner or expand * hidden
-        d_state = _num(cfg, "mamba_d_state", "state_size", "d_state", default=16)
-        d_conv = _num(cfg, "mamba_d_conv", "conv_kernel", "d_conv", default=4)
+    elif mt in ("jamba", "mamba", "falcon_mamba"):
+        # Mamba-1 (intermediate_size = d_inner) / Jamba (mamba_expand x hidden): no groups
+        if mt == "jamba":
+            d_inner = _num(cfg, "mamba_expand", default=2) * hidden
+        else:
+            d_inner = _num(cfg, "intermediate_size", default=0) or _num(cfg, "expand", default=2) * hidden
+        d_state = _num(cfg, "mamba_d_state", "state_size", default=16)
+        d_conv = _num(cfg, "mamba_d_conv", "conv_kernel", default=4)
         n_group = 0
+    elif mt == "mamba2":
+        d_inner = (_num(cfg, "num_heads", default=0) * _num(cfg, "head_dim", default=0)
+                   or _num(cfg, "expand", default=2) * hidden)
+        d_state = _num(cfg, "state_size", default=128)
+        d_conv = _num(cfg, "conv_kernel", default=4)
+        n_group = _num(cfg, "n_groups", default=1)
     else:
-        # Mamba-2 / GraniteMoeHybrid / Falcon-H1 / Nemotron-H
-        n_heads = _num(cfg, "mamba_n_heads", "num_heads" if mt == "mamba2" else "mamba_n_heads", default=0)
-        d_head = _num(cfg, "mamba_d_head", "head_dim" if mt == "mamba2" else "mamba_d_head", default=0)
-        d_inner = _num(cfg, "mamba_d_ssm", default=0) or (n_heads * d_head if n_heads and d_head else 0)
+        # GraniteMoeHybrid / Falcon-H1 (mamba_d_ssm) / Nemotron-H: Mamba-2 mixers named mamba_*
+        n_heads = _num(cfg, "mamba_n_heads", default=0)
+        d_head = _num(cfg, "mamba_d_head", default=0)
+        d_inner = _num(cfg, "mamba_d_ssm", default=0) or n_heads * d_head
         if not d_inner:
-            d_inner = (_num(cfg, "mamba_expand", "expand", default=2)) * hidden
+            d_inner = _num(cfg, "mamba_expand", "expand", default=2) * hidden
         d_state = _num(cfg, "mamba_d_state", "ssm_state_size", "state_size", default=128)
         d_conv = _num(cfg, "mamba_d_conv", "conv_kernel", default=4)
         n_group = _num(cfg, "mamba_n_groups", "n_groups", default=1)

@@ -388,3 +388,28 @@ def test_fetch_unreachable_hub_is_bounded(monkeypatch, tmp_path):
     with pytest.raises(HFError, match="org/away"):
         fetch_hf("org/away", timeout=1)
     assert time.monotonic() - t0 < 5
+
+
+def test_pure_mamba_configs():
+    # Mamba-Codestral-7B (mamba2): d_inner = 128 heads x 64 = 8192, 8 groups of state 128
+    codestral = {"model_type": "mamba2", "hidden_size": 4096, "num_hidden_layers": 64, "num_heads": 128,
+                 "head_dim": 64, "expand": 2, "state_size": 128, "n_groups": 8, "conv_kernel": 4,
+                 "torch_dtype": "bfloat16"}
+    s = shape_from_hf_config(codestral)
+    assert s.kv_per_token == 0 and s.heads == 0 and sum(s.recurrent_layers) == 64
+    assert (s.state_r, s.state_s) == (3 * (8192 + 2 * 8 * 128), 128 * 8192)
+    assert kv_bytes(s, "llamacpp", 100_000, 2).kv == 0
+    # falcon-mamba-7b (Mamba-1): intermediate_size is d_inner, no groups
+    fm = {"model_type": "falcon_mamba", "hidden_size": 4096, "num_hidden_layers": 64, "intermediate_size": 8192,
+          "state_size": 16, "conv_kernel": 4}
+    s = shape_from_hf_config(fm)
+    assert (s.state_r, s.state_s) == (3 * 8192, 16 * 8192)
+
+
+def test_falcon_h1_every_layer_both():
+    cfg = {"model_type": "falcon_h1", "hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 8,
+           "num_key_value_heads": 2, "head_dim": 64, "mamba_d_ssm": 1536, "mamba_d_state": 128,
+           "mamba_n_groups": 1, "mamba_d_conv": 4, "max_position_embeddings": 16384}
+    s = shape_from_hf_config(cfg)
+    assert s.recurrent_layers == (True,) * 4 and s.kv_heads_per_layer == (2,) * 4
+    assert s.state_r == 3 * (1536 + 256) and s.state_s == 128 * 1536

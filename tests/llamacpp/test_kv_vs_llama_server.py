@@ -37,8 +37,8 @@ CASES = {
     "llama-c1100-np3-kvu": ("llama", dict(n_embd=128), 1100, 3, ["--kv-unified"], dict(unified=True)),
     "llama-c3000-np2-q8_0": ("llama", dict(n_embd=128), 3000, 2, ["-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on"],
                              dict(cache_type_k="q8_0", cache_type_v="q8_0")),
-    "llama-c2000-q4_0": ("llama", dict(n_embd=128), 2000, 1, ["-ctk", "q4_0", "-ctv", "q4_0", "-fa", "on"],
-                         dict(cache_type_k="q4_0", cache_type_v="q4_0")),
+    "llama-c6000-np2-q4_0": ("llama", dict(n_embd=128), 6000, 2, ["-ctk", "q4_0", "-ctv", "q4_0", "-fa", "on"],
+                             dict(cache_type_k="q4_0", cache_type_v="q4_0")),
     "llama-c2000-ctk-q8_0-only": ("llama", dict(n_embd=128), 2000, 1, ["-ctk", "q8_0", "-fa", "on"],
                                   dict(cache_type_k="q8_0", cache_type_v="f16")),
     "gemma2-w64-c3000-np3": ("gemma2", dict(window=64), 3000, 3, [], {}),
@@ -48,7 +48,8 @@ CASES = {
     "gemma2-w64-c3000-np3-swa-full": ("gemma2", dict(window=64), 3000, 3, ["--swa-full"], dict(swa_full=True)),
     "gemma2-w700-c1000-np2": ("gemma2", dict(window=700), 1000, 2, [], {}),
     "deepseek2-mla-c3000-np3": ("deepseek2", {}, 3000, 3, [], {}),
-    "mamba2-c3000-np3": ("mamba2", {}, 3000, 3, [], {}),
+    "mamba2-c3000-np3": ("mamba2", dict(d_inner=512), 3000, 3, [], {}),
+    "mamba2-c3000-np1": ("mamba2", dict(d_inner=512), 3000, 1, [], {}),
     "granitehybrid-c3000-np3": ("granitehybrid", {}, 3000, 3, [], {}),
 }
 
