@@ -26,9 +26,18 @@ def use_shape(monkeypatch, shape: Shape | None = LLAMA_8B, note: str = "") -> No
     monkeypatch.setattr("catalog.services._shape_of", lambda model: (shape, note))
 
 
+# As the migration seeds them; a transactional test's flush removes seeded rows.
+GPUS = {"A100-80G": (79.15, 78.6), "L4": (22.49, 22.0)}
+
+
+def gpu_class(name: str) -> GPUClass:
+    memory, usable = GPUS[name]
+    return GPUClass.objects.get_or_create(name=name, defaults={"memory_gb": memory, "usable_gb": usable, "source": "test"})[0]
+
+
 def make_node(name: str = "gpu-1", gpu: str = "A100-80G", count: int = 8, ram_gb: int = 512) -> Node:
     return Node.objects.get_or_create(
-        name=name, defaults={"gpu_class": GPUClass.objects.get(name=gpu), "gpu_count": count, "ram_gb": ram_gb}
+        name=name, defaults={"gpu_class": gpu_class(gpu), "gpu_count": count, "ram_gb": ram_gb}
     )[0]
 
 
@@ -50,7 +59,7 @@ def make_model(
         declared=declared,
     )
     OriginFile.objects.create(model=model, path="model.safetensors", size=16 * GiB)
-    a100 = GPUClass.objects.get(name="A100-80G")
+    a100 = gpu_class("A100-80G")
     node = make_node()
     cpu_node = make_node("cpu-1", gpu="L4", count=0)
     gguf = Profile.objects.create(
