@@ -14,6 +14,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 
 from .domain.args import get_arg
+from .domain.plan import CONTEXT_FLAGS
 from .models import Change, ChangeStep, GPUClass, Model, Node, OriginFile, Profile, Replica
 
 
@@ -53,16 +54,6 @@ class OriginFileInline(admin.TabularInline):
 
     def has_delete_permission(self, request, obj=None):
         return not (obj and obj.declared) and super().has_delete_permission(request, obj)
-
-
-# TODO(integration): take this from domain.plan once it lands.
-CONTEXT_FLAGS = {
-    "llamacpp": (("--ctx-size", "-c"), ("--parallel", "-np")),
-    "vllm": (("--max-model-len",),),
-    "sglang": (("--context-length",),),
-    "strata": (("--context",),),
-    "freetoken": (("--max-seq-len-override",),),
-}
 
 
 class ProfileForm(forms.ModelForm):

@@ -34,6 +34,14 @@ CONTEXT_LENGTH = ("--context-length",)  # SGLang
 STRATA_CONTEXT = ("--context",)
 FREETOKEN_CONTEXT = ("--max-seq-len-override",)
 UBATCH = ("--ubatch-size", "-ub")
+# Per engine, the flags a context change rewrites (and nothing else may).
+CONTEXT_FLAGS = {
+    "llamacpp": (CTX_SIZE, PARALLEL),
+    "vllm": (MAX_MODEL_LEN,),
+    "sglang": (CONTEXT_LENGTH,),
+    "strata": (STRATA_CONTEXT,),
+    "freetoken": (FREETOKEN_CONTEXT,),
+}
 
 NO_CARD_CHECK = {
     "strata": "strata's setup writes the engine's start script with the context at every start, "
@@ -345,19 +353,12 @@ def _profile_plan(p: ProfileInput, model: ModelInput, shape: Shape | None, token
             note="",
         )
 
-    flags: tuple[tuple[str, ...], ...]
+    flags = CONTEXT_FLAGS[p.engine]
     if p.engine == "llamacpp":
         n = slots if slots > 0 else max(get_int(args, *PARALLEL), 1)
         args = set_arg(set_arg(args, str(tokens * n), *CTX_SIZE), str(n), *PARALLEL)
-        flags = (CTX_SIZE, PARALLEL)
-    elif p.engine == "vllm":
-        args, flags = set_arg(args, str(tokens), *MAX_MODEL_LEN), (MAX_MODEL_LEN,)
-    elif p.engine == "sglang":
-        args, flags = set_arg(args, str(tokens), *CONTEXT_LENGTH), (CONTEXT_LENGTH,)
-    elif p.engine == "strata":
-        args, flags = set_arg(args, str(tokens), *STRATA_CONTEXT), (STRATA_CONTEXT,)
-    else:  # freetoken
-        args, flags = set_arg(args, str(tokens), *FREETOKEN_CONTEXT), (FREETOKEN_CONTEXT,)
+    else:
+        args = set_arg(args, str(tokens), *flags[0])
     after = tuple(args)
     changed = tuple(_spelling(after, names) for names in flags if get_arg(list(before), *names) != get_arg(args, *names))
 
