@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Generator
 
 import httpx
-from gguf import GGML_QUANT_SIZES, GGUFValueType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 __all__ = [
     "GGUFError",
@@ -99,7 +99,6 @@ _FIXED: dict[int, tuple[str, int]] = {
 _STRING = int(_VT.STRING)
 _ARRAY = int(_VT.ARRAY)
 _BOOL = int(_VT.BOOL)
-_TYPE_NAMES = {int(t): t.name for t in GGUFValueType}
 
 
 def _min_size(vtype: int) -> int:
@@ -725,7 +724,7 @@ def split_shard_names(source: str) -> list[str] | None:
 
 
 def _parse_from(src: _Source, first_chunk: int, max_header: int, max_array: int, max_string: int) -> _Parser:
-    data = src.first(first_chunk)
+    data = src.first(min(first_chunk, max_header))  # never buffer past max_header
     size = src.size
     parser = _Parser(min(size, max_header), max_array, max_string, max_header)
     parser.buf += data
@@ -751,8 +750,6 @@ def _parse_from(src: _Source, first_chunk: int, max_header: int, max_array: int,
 
 def _tensor_nbytes(t: TensorInfo) -> int | None:
     try:
-        from gguf import GGMLQuantizationType
-
         block, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType(t.ggml_type)]
     except (ValueError, KeyError):
         return None

@@ -48,6 +48,13 @@ ALL_TYPES_KV = [
 ]
 
 
+DEFAULT_TENSORS = {
+    "token_embd.weight": np.arange(64, dtype=np.float32).reshape(8, 8),
+    "blk.0.attn_q.weight": np.ones((4, 6), dtype=np.float16),
+    "output_norm.weight": np.zeros(8, dtype=np.float32),
+}
+
+
 def write_gguf(
     path: Path,
     *,
@@ -67,11 +74,7 @@ def write_gguf(
     if extra:
         extra(w)
     if tensors is None:
-        tensors = {
-            "token_embd.weight": np.arange(64, dtype=np.float32).reshape(8, 8),
-            "blk.0.attn_q.weight": np.ones((4, 6), dtype=np.float16),
-            "output_norm.weight": np.zeros(8, dtype=np.float32),
-        }
+        tensors = DEFAULT_TENSORS
     for name, arr in tensors.items():
         w.add_tensor(name, arr)
     w.write_header_to_file()
@@ -245,6 +248,37 @@ def test_all_value_types_v3(tmp_path, endian):
     assert h.warnings == []
 
 
+def test_big_arrays_are_stepped_over_as_summaries(tmp_path):
+    n = G.KEEP_ARRAY_MAX + 10
+
+    def extra(w):
+        w.add_key_value("x.big_u16", [i % 65536 for i in range(n)], VT.ARRAY, sub_type=VT.UINT16)
+        w.add_array("x.big_nested", [[i, i + 1] for i in range(n)])
+        w.add_array("x.big_str", [str(i) for i in range(n)])
+        w.add_string("x.after", "ok")
+
+    path = write_gguf(tmp_path / "b.gguf", extra=extra)
+    h = read_header(str(path), first_chunk=64 << 10)
+    assert h.metadata["x.big_u16"] == ArraySummary(int(VT.UINT16), n)
+    assert h.metadata["x.big_nested"] == ArraySummary(int(VT.ARRAY), n)
+    assert h.metadata["x.big_str"] == ArraySummary(int(VT.STRING), n)
+    assert h.metadata["x.after"] == "ok"
+    assert h.data_offset == data_offset_from_size(path, DEFAULT_TENSORS)
+
+
+def test_size_trend_estimate():
+    every = G._MARK_EVERY
+    flat = [i * every * 10 for i in range(17)]  # 10 bytes per element throughout
+    assert G._trend(flat, flat[-1], 16 * every, 1000, 10.0) == pytest.approx(10.0)
+    # element size growing linearly from 10 by 1 byte per `every` elements
+    marks = [0]
+    for k in range(16):
+        marks.append(marks[-1] + every * (10 + k))
+    est = G._trend(marks, marks[-1], 16 * every, 16 * every, (marks[-1]) / (16 * every))
+    recent = (marks[16] - marks[12]) / (4 * every)
+    assert recent < est < 10 + 16 + 16  # above the recent size, below the true end size
+
+
 def test_custom_alignment(tmp_path):
     path = write_gguf(tmp_path / "a.gguf", alignment=256)
     h = read_header(str(path))
@@ -391,7 +425,7 @@ def test_limits(tmp_path):
     with pytest.raises(GGUFError, match=r"header exceeds max_header=20000 bytes: array count of 'tokenizer.ggml.tokens'"):
         read_header(str(path), max_header=20000, first_chunk=4096)
     with pytest.raises(GGUFError, match=r"header exceeds max_header=50000 bytes \(string \d+ of array 'tokenizer.ggml.tokens'"):
-        read_header(str(path), max_header=50000, first_chunk=1000)
+        read_header(str(path), max_header=50000)  # first_chunk (1 MiB) > max_header: still enforced
     header = reader_data_offset(path)
     assert read_header(str(path), max_header=header).header_bytes == header
 
@@ -534,6 +568,19 @@ def test_http_qwen_sized_tokenizer(tmp_path, range_server):
     baseline = math.ceil((h.header_bytes + 500_000) / 2_000_000)
     assert h.requests == len(files.requests) <= min(3, baseline)
     assert h.file_size == path.stat().st_size
+
+
+def test_http_follows_redirects_keeping_range(tmp_path, range_server):
+    server, files = range_server
+    path = write_gguf(tmp_path / "m.gguf")
+    files.files["/cdn/m.gguf"] = path.read_bytes()
+    server.expect_request("/resolve/main/m.gguf").respond_with_response(
+        Response(status=302, headers={"Location": server.url_for("/cdn/m.gguf")})
+    )
+    server.handlers.reverse()  # the redirect before the catch-all handler
+    h = read_header(server.url_for("/resolve/main/m.gguf"))
+    assert h.file_size == path.stat().st_size and h.architecture == "llama"
+    assert files.requests == [("GET", "/cdn/m.gguf", f"bytes=0-{(1 << 20) - 1}")]
 
 
 def test_http_server_ignoring_range(httpserver: HTTPServer):
