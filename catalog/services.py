@@ -311,8 +311,7 @@ def _apply(model: Model, plan: Plan, request: ChangeRequest, *, message, user, s
             started_at=now,
             finished_at=now,
         )
-        if rollback_of is not None:
-            Change.objects.filter(pk=rollback_of.pk).update(state=ChangeState.ROLLED_BACK)
+        _mark_rolled_back(rollback_of)
         return change
 
     change = audit.record_change(
@@ -328,9 +327,18 @@ def _apply(model: Model, plan: Plan, request: ChangeRequest, *, message, user, s
         after=after,
         rollback_of=rollback_of,
     )
+    _mark_rolled_back(rollback_of)
     change_id = change.pk
     transaction.on_commit(lambda: _enqueue_rollout(change_id))
     return change
+
+
+def _mark_rolled_back(original: Change | None) -> None:
+    """The change a rollback undoes: the catalog is back where it was, so it is rolled back
+    (and the console offers no second rollback of it); the rollback's own state says how
+    the restart went."""
+    if original is not None:
+        Change.objects.filter(pk=original.pk).exclude(state__in=ACTIVE_STATES).update(state=ChangeState.ROLLED_BACK)
 
 
 def rollback(change_id: int, *, user, source: str, message: str = "") -> Change:

@@ -194,6 +194,8 @@ def test_rollback_goes_back_to_before(model, operator, enqueued):
     Change.objects.filter(pk=change.pk).update(state="failed")
     back = services.rollback(change.pk, user=operator, source="console", message="it failed")
     assert (back.kind, back.state, back.rollback_of, back.source) == ("rollback", "queued", change, "console")
+    change.refresh_from_db()
+    assert change.state == "rolled_back"
     # It kept each profile's --parallel, and so does its rollback.
     assert back.request == {"tokens": 8192, "slots": 0, "max_output": 2048}
     assert back.message == "it failed"
@@ -289,3 +291,30 @@ def test_a_shape_that_cannot_be_read_is_said_once_and_the_change_proceeds(monkey
     change = services.request_change(model.name, tokens=65536, user=operator, source="api")
     assert change.state == "queued"
     assert change.plan["notes"] == ["its header could not be read (timed out), so the memory it needs is not checked"]
+
+
+def test_a_broker_down_leaves_the_change_queued_for_the_sweeper(model, operator, monkeypatch, caplog, django_capture_on_commit_callbacks):
+    from kombu.exceptions import OperationalError
+
+    from catalog import tasks
+
+    def down(*args, **kwargs):
+        raise OperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    monkeypatch.setattr(tasks.rollout, "apply_async", down)
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        change = services.request_change(model.name, tokens=16384, user=operator, source="api")
+    assert len(callbacks) == 1
+    change.refresh_from_db()
+    assert change.state == "queued"
+    assert f"change {change.pk}: the rollout could not be queued now" in caplog.text
+
+
+def test_the_rollout_is_queued_with_the_change_id(model, operator, monkeypatch, django_capture_on_commit_callbacks):
+    from catalog import tasks
+
+    sent = []
+    monkeypatch.setattr(tasks.rollout, "apply_async", lambda args, **kw: sent.append(args))
+    with django_capture_on_commit_callbacks(execute=True):
+        change = services.request_change(model.name, tokens=16384, user=operator, source="api")
+    assert sent == [(change.pk,)]
