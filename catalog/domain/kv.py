@@ -410,6 +410,7 @@ def _vllm(shape: Shape, context: int, slots: int, dtype: int, block_size: int, m
     # FullAttentionSpec.max_memory_usage_bytes = cdiv(max_model_len, block_size) * page_size
     # SlidingWindowSpec.max_memory_usage_bytes: (cdiv(min(window - 1 + max_num_batched_tokens,
     #   max_model_len), block_size) + 1) pages
+    chunked = shape.architecture.startswith("llama4")  # llama4's local layers are chunked, not sliding
     kv = 0
     for il in range(shape.layers):
         if not shape.has_kv(il):
@@ -418,7 +419,11 @@ def _vllm(shape: Shape, context: int, slots: int, dtype: int, block_size: int, m
         if shape.mla:
             k, v = (shape.kv_lora_rank + shape.rope_head_dim) or shape.head_k, 0
         page = block_size * (k + v) * dtype
-        if shape.is_swa(il):
+        if shape.is_swa(il) and chunked:
+            # ChunkedLocalAttentionSpec.max_admission_blocks_per_request (llama4's chunked attention):
+            # cdiv(min(attention_chunk_size + max_num_batched_tokens, max_model_len), block_size)
+            pages = _cdiv(min(shape.sliding_window + max_num_batched_tokens, context), block_size)
+        elif shape.is_swa(il):
             pages = _cdiv(min(shape.sliding_window - 1 + max_num_batched_tokens, context), block_size) + 1
         else:
             pages = _cdiv(context, block_size)

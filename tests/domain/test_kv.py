@@ -171,6 +171,13 @@ class TestVLLM:
         # a larger batch budget widens the SWA cap
         assert kv_bytes(s, "vllm", 32768, max_num_batched_tokens=8192).kv == 769 * page + 2048 * page
 
+    def test_llama4_chunked_local_layers(self):
+        s = Shape(architecture="llama4", layers=4, heads=40, kv_heads=8, trained_context=10485760, head_k=128,
+                  head_v=128, kv_heads_per_layer=(8,) * 4, swa_layers=(True, True, True, False), sliding_window=8192)
+        page = 16 * 8 * 256 * 2
+        # ChunkedLocalAttentionSpec: cdiv(min(8192 + 2048, 65536), 16) = 640 pages, no extra page
+        assert kv_bytes(s, "vllm", 65536).kv == 3 * 640 * page + 4096 * page
+
     def test_mla_latent(self):
         s = Shape(architecture="deepseek_v3", layers=61, heads=128, kv_heads=1, trained_context=163840,
                   head_k=576, head_v=0, kv_heads_per_layer=(1,) * 61, mla=True, kv_lora_rank=512, rope_head_dim=64)
