@@ -46,8 +46,6 @@ MISTRAL_CONFIG = {
     "max_position_embeddings": 32768, "sliding_window": None, "rope_theta": 1000000.0, "torch_dtype": "bfloat16",
     "vocab_size": 32768,
 }
-# Llama-3.1-8B-Instruct Q4_K_M: 4,920,734,016 bytes on the usual mirrors.
-LLAMA8B_FILE_SIZE = 4_920_734_016
 
 
 def hf_snapshot(repo: str, config: dict, revision: str = "main") -> Path:
@@ -64,9 +62,9 @@ def hf_snapshot(repo: str, config: dict, revision: str = "main") -> Path:
     return snapshot
 
 
-def write_large_header_gguf(path: Path, file_size: int = LLAMA8B_FILE_SIZE) -> None:
+def write_large_header_gguf(path: Path) -> None:
     """A GGUF with Llama-3.1-8B's metadata, tokenizer and tensor table, its data sparse."""
-    if path.exists() and path.stat().st_size == file_size:
+    if path.exists() and path.stat().st_size > 4 << 30:
         return
     rng = np.random.default_rng(8)
     w = gguf.GGUFWriter(str(path), "llama")
@@ -84,21 +82,43 @@ def write_large_header_gguf(path: Path, file_size: int = LLAMA8B_FILE_SIZE) -> N
     w.add_vocab_size(128256)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("llama-bpe")
-    lengths = rng.integers(2, 12, size=128256)
-    tokens = [f"t{i:x}"[:n].ljust(n, "x") for i, n in enumerate(lengths)]
-    tokens = [f"{i}:{t}" for i, t in enumerate(tokens)]
+    # Tokens and merges as long as Llama-3's on average (~6 and ~12 bytes): a 7.8 MB header.
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+    def base36(i: int) -> str:
+        out = ""
+        while True:
+            i, r = divmod(i, 36)
+            out = digits[r] + out
+            if not i:
+                return out
+
+    lengths = rng.integers(3, 10, size=128256)
+    tokens = [base36(i).rjust(int(n), "_") for i, n in enumerate(lengths)]
     w.add_token_list(tokens)
     w.add_token_types([1] * 128256)
-    w.add_token_merges([f"{tokens[i % 1000]} {tokens[(i * 7) % 1000]}" for i in range(280147)])
+    pairs = rng.integers(0, 128256, size=(280147, 2))
+    w.add_token_merges([f"{tokens[a][:5]} {tokens[b][:6]}" for a, b in pairs])
     w.add_bos_token_id(128000)
     w.add_eos_token_id(128009)
     w.add_chat_template("{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>{% endfor %}")
     q4k, q6k = gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K
+    sizes: list[int] = []
 
-    def info(name: str, shape: tuple[int, ...], qtype):
+    def pad(n: int) -> int:
+        return -(-n // 32) * 32
+
+    def info(name: str, shape: tuple[int, int], qtype):
+        # shape in GGML order (ne0, ne1); the writer takes a quantized tensor's numpy shape
+        # in bytes: (rows, bytes per row).
         block, size = gguf.GGML_QUANT_SIZES[qtype]
-        n = int(np.prod(shape))
-        w.add_tensor_info(name, shape, np.dtype(np.uint8), n // block * size, raw_dtype=qtype)
+        ne0, ne1 = shape
+        sizes.append(ne1 * ne0 // block * size)
+        w.add_tensor_info(name, (ne1, ne0 // block * size), np.dtype(np.uint8), sizes[-1], raw_dtype=qtype)
+
+    def norm(name: str):
+        sizes.append(4096 * 4)
+        w.add_tensor_info(name, (4096,), np.dtype(np.float32), sizes[-1])
 
     info("token_embd.weight", (4096, 128256), q4k)
     for i in range(32):
@@ -106,16 +126,16 @@ def write_large_header_gguf(path: Path, file_size: int = LLAMA8B_FILE_SIZE) -> N
                             ("attn_output", (4096, 4096)), ("ffn_gate", (4096, 14336)), ("ffn_up", (4096, 14336)),
                             ("ffn_down", (14336, 4096))):
             info(f"blk.{i}.{name}.weight", shape, q6k if name in ("attn_v", "ffn_down") else q4k)
-        w.add_tensor_info(f"blk.{i}.attn_norm.weight", (4096,), np.dtype(np.float32), 4096 * 4)
-        w.add_tensor_info(f"blk.{i}.ffn_norm.weight", (4096,), np.dtype(np.float32), 4096 * 4)
-    w.add_tensor_info("output_norm.weight", (4096,), np.dtype(np.float32), 4096 * 4)
+        norm(f"blk.{i}.attn_norm.weight")
+        norm(f"blk.{i}.ffn_norm.weight")
+    norm("output_norm.weight")
     info("output.weight", (4096, 128256), q6k)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     w.close()
-    with open(path, "r+b") as f:  # the tensor data: a hole of the real size
-        f.truncate(max(file_size, f.seek(0, 2)))
+    with open(path, "r+b") as f:  # the tensor data: a hole, as large as the tensors say
+        f.truncate(pad(f.seek(0, 2)) + sum(pad(n) for n in sizes))
 
 
 def admin_password() -> tuple[str, bool]:
