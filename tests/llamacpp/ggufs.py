@@ -229,3 +229,32 @@ def write_granitehybrid(path: Path, *, kv_heads: tuple[int, ...] = (0, 2, 0, 0, 
         _ffn(t, i, n_embd, n_ff)
     _finish(w)
     return path
+
+
+def write_gemma3(path: Path, *, n_layer: int = 6, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2,
+                 n_ctx: int = 8192, n_ff: int = 128, window: int = 64, pattern: int | list[bool] | None = None,
+                 seed: int = 6) -> Path:
+    """A gemma3 (src/models/gemma3.cpp): SWA only with a window; period 6 unless
+    `{arch}.attention.sliding_window_pattern` says otherwise (a period or a bool per layer)."""
+    w = _start(path, "gemma3", n_embd=n_embd, n_layer=n_layer, n_ctx=n_ctx, n_ff=n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    hd = n_embd // n_head
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_sliding_window(window)
+    if isinstance(pattern, int):
+        w.add_uint32("gemma3.attention.sliding_window_pattern", pattern)
+    elif pattern is not None:
+        w.add_array("gemma3.attention.sliding_window_pattern", [bool(x) for x in pattern])
+    t = _Tensors(w, seed)
+    _embd_and_output(t, n_embd)
+    for i in range(n_layer):
+        _attn(t, i, n_embd, n_head, n_head_kv, hd)
+        t.add(f"blk.{i}.attn_q_norm.weight", (hd,), f32=True, value=1.0)
+        t.add(f"blk.{i}.attn_k_norm.weight", (hd,), f32=True, value=1.0)
+        t.add(f"blk.{i}.post_attention_norm.weight", (n_embd,), f32=True, value=1.0)
+        _ffn(t, i, n_embd, n_ff)
+        t.add(f"blk.{i}.post_ffw_norm.weight", (n_embd,), f32=True, value=1.0)
+    _finish(w)
+    return path
