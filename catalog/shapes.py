@@ -99,6 +99,9 @@ def _read(model) -> tuple[Shape | None, str, str]:
         except (SourceError, gguf.GGUFError, ShapeError, OSError) as exc:
             err = str(exc) or type(exc).__name__
             return None, f"its header could not be read ({err}), {NOT_CHECKED}", f"header: {err}"
+        except Exception as exc:  # a reader bug must not take the console down: say what happened
+            err = f"{type(exc).__name__}: {exc}"
+            return None, f"its header could not be read ({err}), {NOT_CHECKED}", f"header: {err}"
         extra = dict(shape.extra)
         extra.update({"bytes_read": header.bytes_read, "requests": header.requests})
         shape = Shape.from_dict({**shape.to_dict(), "extra": extra})
@@ -108,6 +111,9 @@ def _read(model) -> tuple[Shape | None, str, str]:
             shape = shape_from_hf_config(config, origin_weights or hub_weights)
         except HFError as exc:
             return None, f"its config could not be read ({exc}), {NOT_CHECKED}", f"config: {exc}"
+        except Exception as exc:  # an odd config the rules did not foresee
+            err = f"{type(exc).__name__}: {exc}"
+            return None, f"its config could not be read ({err}), {NOT_CHECKED}", f"config: {err}"
     else:
         note = f"where it came from is not known, {NOT_CHECKED}"
         return None, note, "origin: unknown"

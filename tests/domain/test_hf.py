@@ -413,3 +413,35 @@ def test_falcon_h1_every_layer_both():
     s = shape_from_hf_config(cfg)
     assert s.recurrent_layers == (True,) * 4 and s.kv_heads_per_layer == (2,) * 4
     assert s.state_r == 3 * (1536 + 256) and s.state_s == 128 * 1536
+
+
+def test_odd_configs_give_hferror_or_a_shape():
+    """Whatever the values, shape_from_hf_config answers with a Shape or an HFError."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    keys = ["num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size", "head_dim",
+            "kv_lora_rank", "qk_rope_head_dim", "sliding_window", "layer_types", "sliding_window_pattern",
+            "use_sliding_window", "max_position_embeddings", "rope_scaling", "rope_parameters", "model_type",
+            "attn_layer_period", "attn_layer_offset", "full_attention_interval", "torch_dtype", "text_config",
+            "mamba_d_state", "linear_num_value_heads", "no_rope_layers", "attention_chunk_size", "model_max_length"]
+    values = st.one_of(st.none(), st.booleans(), st.integers(-3, 70), st.floats(allow_nan=True), st.text(max_size=12),
+                       st.lists(st.one_of(st.sampled_from(["full_attention", "sliding_attention", "mamba"]),
+                                          st.integers(0, 1)), max_size=70),
+                       st.dictionaries(st.sampled_from(["type", "rope_type", "factor", "full_attention"]),
+                                       st.one_of(st.text(max_size=8), st.floats(), st.integers(), st.none()),
+                                       max_size=3))
+    base = {"model_type": "llama", "num_hidden_layers": 4, "num_attention_heads": 4, "hidden_size": 64,
+            "max_position_embeddings": 4096}
+
+    @settings(max_examples=400, deadline=None)
+    @given(st.dictionaries(st.sampled_from(keys), values, max_size=8))
+    def check(changes):
+        try:
+            s = shape_from_hf_config({**base, **changes})
+        except HFError:
+            return
+        assert len(s.kv_heads_per_layer) == s.layers and s.kv_per_token >= 0
+        kv_bytes(s, "vllm", 1000)
+
+    check()

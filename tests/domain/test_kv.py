@@ -430,3 +430,38 @@ class TestShapeFromGGUF:
     def test_roundtrip_to_dict(self):
         s = shape_from_gguf(tiny_gemma2())
         assert Shape.from_dict(s.to_dict()) == s
+
+
+def test_odd_metadata_gives_shapeerror_or_a_shape():
+    """Whatever the values, shape_from_gguf answers with a Shape or a ShapeError, and a Shape sizes."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    keys = ["block_count", "context_length", "embedding_length", "attention.head_count", "attention.head_count_kv",
+            "attention.key_length", "attention.value_length", "attention.sliding_window",
+            "attention.sliding_window_pattern", "attention.key_length_mla", "attention.value_length_mla",
+            "attention.kv_lora_rank", "nextn_predict_layers", "ssm.conv_kernel", "ssm.inner_size", "ssm.state_size",
+            "ssm.group_count", "full_attention_interval", "attention.recurrent_layers", "shortconv.l_cache"]
+    values = st.one_of(st.none(), st.booleans(), st.integers(-2, 40), st.floats(), st.text(max_size=5),
+                       st.lists(st.one_of(st.integers(-1, 8), st.booleans()), max_size=12))
+    archs = st.sampled_from(["llama", "gemma2", "gemma3", "cohere2", "gpt-oss", "llama4", "phi3", "lfm2", "jamba",
+                             "granitehybrid", "qwen3next", "falcon-h1", "mamba2", "rwkv7", "deepseek2", "nemotron_h"])
+
+    @settings(max_examples=500, deadline=None)
+    @given(archs, st.dictionaries(st.sampled_from(keys), values, max_size=8))
+    def check(arch, changes):
+        m = {"general.architecture": arch, f"{arch}.block_count": 6, f"{arch}.context_length": 4096,
+             f"{arch}.embedding_length": 64, f"{arch}.attention.head_count": 4}
+        m.update({f"{arch}.{k}": v for k, v in changes.items()})
+        try:
+            s = shape_from_gguf(m)
+        except ShapeError:
+            return
+        assert len(s.kv_heads_per_layer) == s.layers
+        for engine in ("llamacpp", "vllm", "sglang"):
+            try:
+                kv_bytes(s, engine, 3000, 2)
+            except KVError:
+                pass
+
+    check()
