@@ -59,6 +59,11 @@ def test_relative_path_under_the_mirror_and_options(mirror):
     assert v["engine"] == "vllm" and v["kv_bytes"] > 0
 
 
+def test_a_file_given_from_the_shell(mirror, tmp_path):
+    path = write_llama(tmp_path / "mine.gguf")  # outside the mirror root, but the admin names it
+    assert json.loads(run(str(path), "--json"))["architecture"] == "llama"
+
+
 def test_human_table(mirror):
     write_gemma2(mirror / "g.gguf")
     out = run("g.gguf", "--context", "2048")

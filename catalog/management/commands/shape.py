@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -26,7 +27,7 @@ class Command(BaseCommand):
     help = "Show a model's shape (GGUF path or URL, or a Hugging Face config) and its KV bytes for an engine."
 
     def add_arguments(self, parser):
-        parser.add_argument("source", nargs="?", help="a GGUF path (under the mirror root) or http(s) URL")
+        parser.add_argument("source", nargs="?", help="a GGUF file, a path under the mirror root, or an http(s) URL")
         parser.add_argument("--hf-config", metavar="FILE", help="a config.json file")
         parser.add_argument("--hf-repo", metavar="REPO", help="a Hugging Face repository (HF_ENDPOINT honoured)")
         parser.add_argument("--revision", help="the repository's revision")
@@ -48,7 +49,13 @@ class Command(BaseCommand):
         extra: dict = {}
         if opts["source"]:
             try:
-                path = resolve_source(opts["source"])
+                # an admin's own file (as given, from the shell) or a source as the catalog has it
+                # (relative to the mirror root, never outside it)
+                given_path = opts["source"]
+                if not given_path.startswith(("http://", "https://")) and os.path.isfile(given_path):
+                    path = os.path.abspath(given_path)
+                else:
+                    path = resolve_source(given_path)
                 header = gguf.read_header(path, timeout=opts["timeout"])
                 shape = shape_from_gguf(header.metadata, header.file_size)
             except (SourceError, gguf.GGUFError, ShapeError, OSError) as exc:
