@@ -260,12 +260,21 @@ def request_change(
                 refused = Refused(plan.refusal.message, plan=plan, field=plan.refusal.field, change=audit_row)
             else:
                 change = _apply(model, plan, request, message=message, user=user, source=source, kind=kind, rollback_of=rollback_of)
-    except IntegrityError:
+    except IntegrityError as e:
+        if not _one_active_violated(e):
+            raise
         # The database's one-active-change-per-model constraint: another request won the race.
         raise _conflict(name, _active_change(found.pk)) from None
     if refused is not None:
         raise refused
     return change
+
+
+def _one_active_violated(e: IntegrityError) -> bool:
+    """Whether the error is the partial unique index `change_one_active_per_model`
+    (PostgreSQL names it; SQLite names the column)."""
+    text = str(e)
+    return "change_one_active_per_model" in text or "catalog_change.model_id" in text
 
 
 def _request_dict(request: ChangeRequest) -> dict:

@@ -246,6 +246,12 @@ def test_bad_json_and_other_media(model, op):
     assert r.status_code == 400 and r.json()["field"] == "body"
     r = op.post(context_url(), b"\xff\xfe", content_type="application/json")
     assert r.status_code == 400
+    r = op.post(context_url(), b'{"tokens": ' + b"9" * 5000 + b"}", content_type="application/json")
+    assert r.status_code == 400 and r.json()["field"] == "body"  # past Python's int-parsing limit
+    r = op.post(context_url(), b'{"tokens": 1e400}', content_type="application/json")
+    assert r.status_code == 400 and r.json()["field"] == "tokens"
+    r = op.post(context_url(), b'{"tokens": NaN}', content_type="application/json")
+    assert r.status_code == 400
     r = op.post(context_url(), {"tokens": "4096"})  # a form: not what this endpoint takes
     assert r.status_code == 415
 
