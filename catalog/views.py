@@ -18,7 +18,7 @@ from django.db.models import Count, OuterRef, Prefetch, Q, Subquery
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
-from django_htmx.http import HttpResponseClientRedirect, HttpResponseStopPolling
+from django_htmx.http import HttpResponseClientRedirect, HttpResponseStopPolling, trigger_client_event
 
 from . import services
 from .choices import ChangeState, Engine, ReplicaState
@@ -370,8 +370,6 @@ def _panel_context(model: Model, form: ContextForm, plan: PlanView | None, *, er
         "plan": plan,
         "errors": errors,
         "conflict": conflict,
-        # In a preview the button follows the plan; a whole page keeps it usable without JavaScript.
-        "submit_disabled": preview and (plan is None or not plan.ok),
     }
 
 
@@ -395,10 +393,14 @@ def context_preview(request: HttpRequest, name: str) -> HttpResponse:
             raise Http404(e.message) from None
         except services.ServiceError as e:
             error = e.message
-    # The fragment only names the model (in URLs): no need to read it here, the service did.
-    context = _panel_context(SimpleNamespace(name=name), form, plan_view(plan), error=error or "", preview=True)
-    context["can_change"] = services.can_change_context(request.user)
-    return render(request, "catalog/model_detail.html#preview", context)
+    # The fragment names the model only in URLs: the service read it, this view need not.
+    view = plan_view(plan)
+    context = _panel_context(SimpleNamespace(name=name), form, view, error=error or "", preview=True)
+    response = render(request, "catalog/model_detail.html#preview", context)
+    # The submit button (outside the fragment, there only for those allowed to change) follows
+    # the plan: usable when it is complete and accepted.
+    label = "Change the longest answer" if view is not None and view.output_only else "Change the context"
+    return trigger_client_event(response, "plan-checked", {"ok": bool(view and view.ok), "label": label}, after="swap")
 
 
 @require_POST

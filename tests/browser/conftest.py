@@ -78,9 +78,13 @@ def shot(output_path):
     folder = Path(output_path)
     folder.mkdir(parents=True, exist_ok=True)
 
-    def take(page, name: str) -> Path:
+    def take(page, name: str, element: str = "") -> Path:
+        """The whole page, or one element of it (readable at full size on a phone's width)."""
         path = folder / f"{name}.png"
-        page.screenshot(path=str(path), full_page=True)
+        if element:
+            page.locator(element).screenshot(path=str(path))
+        else:
+            page.screenshot(path=str(path), full_page=True)
         return path
 
     return take

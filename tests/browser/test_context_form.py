@@ -163,6 +163,7 @@ def test_pages_fit_the_screen(page, live_server, model, operator, shot, size, en
     expect(page.locator('#plan [data-profile="small-card"]')).to_contain_text("does not fit")
     assert no_horizontal_overflow(page), "model page with a plan"
     shot(page, f"model-{tag}")
+    shot(page, f"model-{tag}-form", element="#context")
 
     page.fill("#id_slots", "")
     page.fill("#id_tokens", "16384")

@@ -2,6 +2,7 @@
 with the form, the services compute, a fragment says what would happen or why not, always
 200, nothing written."""
 
+import json
 import re
 from html import unescape
 
@@ -16,12 +17,11 @@ from .conftest import HX
 pytestmark = pytest.mark.django_db
 
 
-def submit_disabled(html: str) -> bool:
-    """Whether the submit button is there and disabled (None when there is none)."""
-    tag = re.search(r'<button[^>]*id="context-submit"[^>]*>', html)
-    if tag is None:
-        return None
-    return re.search(r"\sdisabled(?=[\s>])", tag.group(0)) is not None
+def submit_usable(response) -> bool:
+    """What the preview tells the page's submit button (an htmx event after the swap):
+    usable only while the plan is complete and accepted."""
+    event = json.loads(response["HX-Trigger-After-Swap"])["plan-checked"]
+    return event["ok"]
 
 
 def error_of(html: str, field: str) -> str:
@@ -57,21 +57,23 @@ def test_every_profile_has_its_plan(operator_client, model):
     assert "GB of RAM" in html  # the CPU profile
     assert "new before old" in html  # the restart policy
     assert "8192 → <strong>16384</strong>" in html
-    assert submit_disabled(html) is False
+    assert submit_usable(response) is True
+    assert 'id="context-submit"' not in html  # the button is the page's, outside the fragment
     assert unchanged(model)
 
 
 def test_a_gpu_profile_that_does_not_fit_is_refused_inline(operator_client, model):
     Profile.objects.create(model=model, name="small", engine="llamacpp", args=["--ctx-size", "8192"],
                            gpu_class=GPUClass.objects.get(name="L4"), gpus_per_node=1)
-    html = preview(operator_client, model, tokens="32768", slots="4").content.decode()
+    response = preview(operator_client, model, tokens="32768", slots="4")
+    html = response.content.decode()
     small = html.split('data-profile="small"')[1].split("</article>")[0]
     assert "with 32768 tokens the small profile needs" in small and "L4 cards" in small
     assert 'class="mem-row over"' in small and "does not fit" in small
     # The refusal sits on the field it concerns, swapped in out of band.
     assert "the small profile needs" in error_of(html, "tokens")
     assert error_of(html, "slots") == ""  # a stale error is cleared
-    assert submit_disabled(html) is True
+    assert submit_usable(response) is False
     assert unchanged(model)
 
 
@@ -94,7 +96,7 @@ def test_bad_input_is_a_clear_message_and_writes_nothing(operator_client, model,
     assert response.status_code == 200
     html = response.content.decode()
     assert message in error_of(html, field)
-    assert submit_disabled(html) is True
+    assert submit_usable(response) is False
     assert unchanged(model)
 
 
@@ -105,15 +107,17 @@ def test_an_empty_form_is_incomplete_not_an_error(operator_client, model):
         assert response.status_code == 200
         assert "Type a context" in html
         assert error_of(html, "form") == ""
-        assert submit_disabled(html) is True
+        assert submit_usable(response) is False
     assert unchanged(model)
 
 
 def test_a_max_output_only_preview_says_nothing_restarts(operator_client, model):
-    html = preview(operator_client, model, max_output="4096").content.decode()
+    response = preview(operator_client, model, max_output="4096")
+    html = response.content.decode()
     assert "Only the longest answer changes" in html and "nothing restarts" in html
     assert "2048 → <strong>4096</strong>" in html
-    assert "Change the longest answer" in html
+    assert json.loads(response["HX-Trigger-After-Swap"])["plan-checked"] == {
+        "ok": True, "label": "Change the longest answer"}
     assert 'class="arg changed"' not in html
     assert unchanged(model)
 
@@ -121,9 +125,9 @@ def test_a_max_output_only_preview_says_nothing_restarts(operator_client, model)
 def test_a_viewer_sees_the_plan_without_a_submit_button(viewer_client, model):
     html = preview(viewer_client, model, tokens="16384").content.decode()
     assert 'data-profile="gguf"' in html and "8192 → <strong>16384</strong>" in html
-    assert submit_disabled(html) is None and "change_context" in html
     page = viewer_client.get(reverse("catalog:model_detail", args=[model.name])).content.decode()
     assert 'id="context-submit"' not in page and 'id="context-form"' in page
+    assert 'id="no-permission"' in page and "change_context" in page
 
 
 def test_a_declared_model_is_refused_with_the_seeds_message(operator_client, model):
@@ -161,3 +165,15 @@ def test_csrf_is_enforced(operator, model):
 
 def test_get_is_not_allowed(operator_client, model):
     assert operator_client.get(reverse("catalog:context_preview", args=[model.name])).status_code == 405
+
+
+def test_the_preview_costs_no_query_beyond_the_services(operator_client, model, django_assert_num_queries):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from catalog import services
+
+    with CaptureQueriesContext(connection) as service:
+        services.preview(model.name, tokens=16384)
+    with django_assert_num_queries(2 + len(service.captured_queries)):  # the session and its user
+        preview(operator_client, model, tokens="16384")
