@@ -11,6 +11,7 @@ import pytest
 
 from catalog import services
 from catalog.models import GPUClass, Profile
+from tests.browser.database import django_db_modify_db_settings  # noqa: F401 - a file the worker opens too
 from tests.builders import make_model, use_shape
 
 # Playwright's sync API runs an event loop in this thread; the ORM calls made from the
