@@ -30,6 +30,8 @@ def main() -> int:
     ap.add_argument("--width", type=int, default=64, help="the tiny model's width (bigger loads slower)")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--profile", action="store_true", help="print where the rollout's own time goes (cProfile)")
+    ap.add_argument("--queries", action="store_true", help="print the rollout's SQL statements")
     opts = ap.parse_args()
 
     data = Path(tempfile.mkdtemp(prefix="llmgw-bench-rollout-"))
@@ -76,9 +78,32 @@ def main() -> int:
             profile.args = ["--ctx-size", str(ctx), "--parallel", "4", "--threads", "1"]
             profile.save()
             change = Change.objects.create(model=model, kind="context", source="cli", state=ChangeState.QUEUED)
+            profiler = None
+            if opts.profile:
+                import cProfile
+
+                profiler = cProfile.Profile(time.perf_counter)
+                profiler.enable()
+            from django.db import connection
+            from django.test.utils import CaptureQueriesContext
+
+            captured = CaptureQueriesContext(connection)
+            captured.__enter__()
+            from django.utils import timezone
+
+            wall0 = timezone.now()
             began = time.perf_counter()
             outcome = rollout.run(change.id)
             total = time.perf_counter() - began
+            captured.__exit__(None, None, None)
+            if opts.queries:
+                for q in captured.captured_queries:
+                    print(f"  {float(q['time']) * 1000:6.1f} ms  {q['sql'][:150]}")
+            if profiler is not None:
+                import pstats
+
+                profiler.disable()
+                pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
             change.refresh_from_db()
             if outcome != "succeeded":
                 print(f"rollout {outcome}: {change.error}")
@@ -91,13 +116,23 @@ def main() -> int:
                 drain = (old.stopped_at - stamp(step, f"old replica {old.id} draining")).total_seconds()
                 start_sum += start
                 drain_sum += drain
+                ms = lambda a, b: (b - a).total_seconds() * 1000  # noqa: E731
                 print(f"  step {step.position}: start {start * 1000:7.1f} ms   drain+stop {drain * 1000:7.1f} ms   "
-                      f"step {(step.finished_at - step.started_at).total_seconds() * 1000:7.1f} ms")
+                      f"step {ms(step.started_at, step.finished_at):7.1f} ms   (before spawn "
+                      f"{ms(step.started_at, new.started_at):5.1f}, ready→draining "
+                      f"{ms(stamp(step, f'new replica {new.id} ready'), stamp(step, f'old replica {old.id} draining')):5.1f}, "
+                      f"stopped→done {ms(old.stopped_at, step.finished_at):5.1f} ms)")
+            steps = list(change.steps.order_by("position"))
+            gaps = [(b.started_at - a.finished_at).total_seconds() * 1000 for a, b in zip(steps, steps[1:])]
+            print(f"  before step 1 {(steps[0].started_at - wall0).total_seconds() * 1000:.1f} ms, between steps "
+                  + ", ".join(f"{g:.1f}" for g in gaps) + f" ms, after the last "
+                  f"{(change.finished_at - steps[-1].finished_at).total_seconds() * 1000:.1f} ms")
             own = start_sum + drain_sum
             overhead = total - own
             ratios.append(overhead / total)
             print(f"  total {total * 1000:.1f} ms; replicas' own time {own * 1000:.1f} ms "
                   f"(starts {start_sum * 1000:.1f} + drains/stops {drain_sum * 1000:.1f})")
+            print(f"  {len(captured.captured_queries)} SQL statements")
             print(f"  orchestration overhead {overhead * 1000:.1f} ms = {overhead / total:.1%} of the total (goal < 10%)")
     finally:
         from catalog.models import Replica

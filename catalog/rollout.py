@@ -88,16 +88,19 @@ class Outcome:
     error: str = ""
 
 
-def _note(step: ChangeStep, text: str) -> None:
+def _note(step: ChangeStep, text: str, save: bool = True) -> None:
+    """Add a timestamped line to the step's detail; saved now, or with the next save."""
     stamp = timezone.now().isoformat(timespec="milliseconds")
     step.detail = (step.detail + "\n" if step.detail else "") + f"{stamp} {text}"
-    step.save(update_fields=["detail"])
+    if save:
+        step.save(update_fields=["detail"])
     log.info("change %s step %s: %s", step.change_id, step.position, text)
 
 
 def _set_step(step: ChangeStep, state: str, **extra) -> None:
+    """Set the step's state (and fields), saving its detail with it: one write."""
     step.state = state
-    fields = ["state"]
+    fields = ["state", "detail"]
     for k, v in extra.items():
         setattr(step, k, v)
         fields.append(k)
@@ -130,7 +133,8 @@ def plan_steps(change: Change) -> list[ChangeStep]:
 
 
 def _take_down(step: ChangeStep, old: Replica | None) -> None:
-    """Drain the old replica (no new requests; in-flight ones finish) and stop it."""
+    """Drain the old replica (the router sends it nothing new; in-flight requests finish)
+    and stop it. The step's notes are saved by the caller's next state change."""
     if old is None:
         return
     old.refresh_from_db()
@@ -141,48 +145,62 @@ def _take_down(step: ChangeStep, old: Replica | None) -> None:
         _note(step, f"old replica {old.id} draining")
     result = fleet.drain(old)
     if result["drained"]:
-        _note(step, f"old replica {old.id} drained in {result['seconds']:.2f} s")
+        _note(step, f"old replica {old.id} drained in {result['seconds']:.2f} s", save=False)
     else:
         _note(step, f"old replica {old.id}: {result['inflight']} request(s) still in flight after the drain "
-                    f"timeout ({result['seconds']:.0f} s); stopping it")
+                    f"timeout ({result['seconds']:.0f} s); stopping it", save=False)
     fleet.stop(old)
-    _note(step, f"old replica {old.id} stopped")
+    _note(step, f"old replica {old.id} stopped", save=False)
 
 
-def _bring_up(step: ChangeStep, profile: Profile, target: list[str], slot: int, total: int) -> Outcome:
-    """Start (or, after a restart of the worker, resume) the step's new replica until ready."""
+def _bring_up(step: ChangeStep, profile: Profile, target: list[str], slot: int, total: int,
+              old: Replica | None) -> Outcome:
+    """Start (or, after a restart of the worker, resume) the step's new replica until it
+    answers; then, in one transaction, it becomes `ready` and (surge) the old one `draining`
+    and the step `draining`: the router never sees the model without a ready replica."""
     new = step.new_replica
     if new is not None:
         new.refresh_from_db()
         if new.state == ReplicaState.READY:
-            return Outcome(True)
-        if new.state == ReplicaState.STARTING and not fleet.alive(new):
-            _note(step, f"new replica {new.id}: its process is gone (its worker died?); starting another")
+            pass  # ready before the worker died: only the hand-over is left
+        elif new.state == ReplicaState.STARTING and not fleet.alive(new):
+            _note(step, f"new replica {new.id}: its process is gone (its worker died?); starting another", save=False)
             fleet.stop(new, ReplicaState.FAILED)
             fleet.mark(new, ReplicaState.FAILED, error="its process was gone when the rollout resumed\n" + fleet.read_log(new, 20))
             new = None
         elif new.state != ReplicaState.STARTING:
             new = None
         else:
-            _note(step, f"new replica {new.id} (pid {new.pid}) still starting: waiting for it")
+            _note(step, f"new replica {new.id} (pid {new.pid}) still starting: waiting for it", save=False)
     if new is None:
         try:
             new = fleet.start_replica(profile, step.node, target, slot=slot)
         except fleet.EngineFailed as e:
             return Outcome(False, f"replica {step.position} of {total} on {step.node.name}: {e}")
+        _note(step, f"new replica {new.id} started: pid {new.pid}, {new.endpoint}", save=False)
         _set_step(step, step.state, new_replica=new)
-        _note(step, f"new replica {new.id} started: pid {new.pid}, {new.endpoint}")
-    try:
-        seconds = fleet.wait_ready(new)
-    except fleet.EngineFailed as e:
-        tail = e.log_tail or fleet.read_log(new, 30)
-        fleet.stop(new, ReplicaState.FAILED)
-        fleet.mark(new, ReplicaState.FAILED, error=f"{e.reason}\n{tail}".strip())
-        _note(step, f"new replica {new.id} failed: {e.reason}")
-        return Outcome(False, f"replica {step.position} of {total} on {step.node.name}: the new replica "
-                              f"{new.id} failed: {e.reason}\n{tail}".strip())
-    fleet.mark(new, ReplicaState.READY)
-    _note(step, f"new replica {new.id} ready in {seconds:.2f} s")
+    if new.state != ReplicaState.READY:
+        try:
+            seconds = fleet.wait_ready(new)
+        except fleet.EngineFailed as e:
+            tail = e.log_tail or fleet.read_log(new, 30)
+            fleet.stop(new, ReplicaState.FAILED)
+            fleet.mark(new, ReplicaState.FAILED, error=f"{e.reason}\n{tail}".strip())
+            _note(step, f"new replica {new.id} failed: {e.reason}", save=False)
+            return Outcome(False, f"replica {step.position} of {total} on {step.node.name}: the new replica "
+                                  f"{new.id} failed: {e.reason}\n{tail}".strip())
+        _note(step, f"new replica {new.id} ready in {seconds:.2f} s", save=False)
+    with transaction.atomic():
+        fleet.mark(new, ReplicaState.READY)
+        if step.policy == RestartPolicy.IN_PLACE:
+            _set_step(step, StepState.DONE, finished_at=timezone.now())
+            return Outcome(True)
+        if old is not None:
+            old.refresh_from_db()
+            if old.state in (ReplicaState.STARTING, ReplicaState.READY):
+                fleet.mark(old, ReplicaState.DRAINING)
+                _note(step, f"old replica {old.id} draining", save=False)
+        _set_step(step, StepState.DRAINING)
     return Outcome(True)
 
 
@@ -198,27 +216,26 @@ def run_step(change: Change, step: ChangeStep, total: int) -> Outcome:
     slot = old.slot if old is not None else step.position - 1
 
     if step.state == StepState.PENDING:
+        now = timezone.now()
         if old is not None and old.state == ReplicaState.READY and args_hash(old.args) == args_hash(target):
-            _set_step(step, StepState.SKIPPED, started_at=timezone.now(), finished_at=timezone.now())
-            _note(step, f"replica {old.id} already runs the target args ({args_hash(target)})")
+            _note(step, f"replica {old.id} already runs the target args ({args_hash(target)})", save=False)
+            _set_step(step, StepState.SKIPPED, started_at=now, finished_at=now)
             return Outcome(True)
-        _set_step(step, StepState.STARTING, started_at=timezone.now())
         _note(step, f"restarting {'in place' if step.policy == RestartPolicy.IN_PLACE else 'new before old'}: "
-                    f"replica {old.id if old else '-'} → args {args_hash(target)}")
+                    f"replica {old.id if old else '-'} → args {args_hash(target)}", save=False)
+        _set_step(step, StepState.STARTING, started_at=now)
 
     if step.state == StepState.STARTING:
         if step.policy == RestartPolicy.IN_PLACE:
             _take_down(step, old)
-        outcome = _bring_up(step, profile, target, slot, total)
+        outcome = _bring_up(step, profile, target, slot, total, old)
         if not outcome.ok:
             _set_step(step, StepState.FAILED, finished_at=timezone.now())
             if step.policy == RestartPolicy.IN_PLACE and old is not None:
                 _restore(step, old)
             return outcome
-        if step.policy == RestartPolicy.IN_PLACE:
-            _set_step(step, StepState.DONE, finished_at=timezone.now())
+        if step.state == StepState.DONE:
             return Outcome(True)
-        _set_step(step, StepState.DRAINING)
 
     if step.state == StepState.DRAINING:
         _take_down(step, old)

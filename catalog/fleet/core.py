@@ -25,6 +25,7 @@ from catalog.models import Change, Node, Profile, Replica
 
 from . import celery_node, local
 from .errors import EngineFailed
+from .http import client
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +46,19 @@ def inflight_key(replica_id: int) -> str:
     return f"llmgw:inflight:{replica_id}"
 
 
+_redis: dict = {}
+
+
 def redis_client():
+    """One Redis client per process and URL (its own connection pool)."""
+    import os
+
     import redis
 
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=5)
+    key = (os.getpid(), settings.REDIS_URL)
+    if key not in _redis:
+        _redis[key] = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=5)
+    return _redis[key]
 
 
 def start_replica(profile: Profile, node: Node, args: list[str], slot: int = 0) -> Replica:
@@ -108,23 +118,23 @@ def drain(replica: Replica, timeout: float | None = None) -> dict:
     key = inflight_key(replica.id)
     rds = redis_client()
     inflight = 0
-    with httpx.Client(timeout=httpx.Timeout(3.0, connect=1.0)) as http:
-        while True:
-            try:
-                inflight = int(rds.get(key) or 0)
-            except Exception:  # Redis down: don't hang the rollout on it; slots still tell
-                log.warning("drain of %s: cannot read %s", replica, key, exc_info=True)
-                inflight = 0
-            busy = 0
-            if replica.profile.engine == "llamacpp" and replica.endpoint:
-                busy = _busy_slots(http, replica)
-                if busy is None:  # the engine is gone: nothing left to wait for
-                    return {"drained": True, "seconds": time.monotonic() - began, "inflight": inflight, "gone": True}
-            if inflight <= 0 and busy == 0:
-                return {"drained": True, "seconds": time.monotonic() - began, "inflight": 0}
-            if time.monotonic() - began >= timeout:
-                return {"drained": False, "seconds": time.monotonic() - began, "inflight": max(inflight, busy)}
-            time.sleep(0.05)
+    http = client()
+    while True:
+        try:
+            inflight = int(rds.get(key) or 0)
+        except Exception:  # Redis down: don't hang the rollout on it; slots still tell
+            log.warning("drain of %s: cannot read %s", replica, key, exc_info=True)
+            inflight = 0
+        busy = 0
+        if replica.profile.engine == "llamacpp" and replica.endpoint:
+            busy = _busy_slots(http, replica)
+            if busy is None:  # the engine is gone: nothing left to wait for
+                return {"drained": True, "seconds": time.monotonic() - began, "inflight": inflight, "gone": True}
+        if inflight <= 0 and busy == 0:
+            return {"drained": True, "seconds": time.monotonic() - began, "inflight": 0}
+        if time.monotonic() - began >= timeout:
+            return {"drained": False, "seconds": time.monotonic() - began, "inflight": max(inflight, busy)}
+        time.sleep(0.05)
 
 
 def stop(replica: Replica, state: str = ReplicaState.STOPPED) -> None:

@@ -31,6 +31,7 @@ from catalog.models import Replica
 
 from . import engines
 from .errors import EngineFailed
+from .http import client
 
 log = logging.getLogger(__name__)
 
@@ -183,34 +184,34 @@ def _choose_port(replica: Replica) -> int:
 
 
 def start(replica: Replica) -> Replica:
-    """Spawn the engine of a replica row (state starting, args set); record port, pid, log."""
+    """Spawn the engine of a replica row (state starting, args set); record port, endpoint,
+    log, pid and start time in one write. The port is chosen and taken (by the engine's
+    record) under a machine-wide lock, so two starters never pick the same one."""
     profile = replica.profile
     node = replica.node
     logs = logs_dir()
-    with open(logs / ".ports.lock", "w") as lock:  # two starters on one machine never share a port
+    replica.log_path = str(logs / f"replica-{replica.id}-{profile.model.name}-{profile.name}.log")
+    with open(logs / ".ports.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        with transaction.atomic():
-            port = _choose_port(replica)
-            replica.port = port
-            replica.endpoint = f"http://{node.host}:{port}"
-            replica.log_path = str(logs / f"replica-{replica.id}-{profile.model.name}-{profile.name}.log")
-            replica.save(update_fields=["port", "endpoint", "log_path"])
-    cmd = engines.command(profile.engine, profile.model, node.host, port, list(replica.args))
-    env = dict(os.environ, LLMGW_REPLICA_ID=str(replica.id), LLMGW_NODE=node.name, LLMGW_FLEET_DB=db_mark())
-    env.pop("LLMGW_NODES", None)
-    with open(replica.log_path, "ab") as out:
-        out.write(f"$ {' '.join(cmd)}\n".encode())
-        out.flush()
-        try:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=env, cwd=settings.BASE_DIR, start_new_session=True, close_fds=True)
-        except OSError as e:
-            out.write(f"cannot start the engine: {e}\n".encode())
-            raise EngineFailed(f"cannot start the engine: {e}", f"{' '.join(cmd)}: {e}") from e
-    _children[proc.pid] = proc
-    replica.pid = proc.pid
-    replica.started_at = timezone.now()
-    replica.save(update_fields=["pid", "started_at"])
+        port = _choose_port(replica)
+        cmd = engines.command(profile.engine, profile.model, node.host, port, list(replica.args))
+        env = dict(os.environ, LLMGW_REPLICA_ID=str(replica.id), LLMGW_NODE=node.name, LLMGW_FLEET_DB=db_mark())
+        with open(replica.log_path, "ab") as out:
+            out.write(f"$ {' '.join(cmd)}\n".encode())
+            out.flush()
+            replica.started_at = timezone.now()
+            try:
+                proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        env=env, cwd=settings.BASE_DIR, start_new_session=True, close_fds=True)
+            except OSError as e:
+                out.write(f"cannot start the engine: {e}\n".encode())
+                replica.save(update_fields=["log_path"])
+                raise EngineFailed(f"cannot start the engine: {e}", f"{' '.join(cmd)}: {e}") from e
+        _children[proc.pid] = proc
+        replica.port = port
+        replica.endpoint = f"http://{node.host}:{port}"
+        replica.pid = proc.pid
+        replica.save(update_fields=["port", "endpoint", "log_path", "pid", "started_at"])
     log.info("started %s: pid %s, %s", replica, proc.pid, replica.endpoint)
     return replica
 
@@ -237,23 +238,23 @@ def wait_ready(replica: Replica, timeout: float) -> float:
     began = time.monotonic()
     deadline = began + timeout
     healthy = False
-    with httpx.Client(timeout=httpx.Timeout(5.0, connect=1.0)) as http:
-        while True:
-            if not alive(replica):
-                raise EngineFailed(f"the engine exited while starting (pid {replica.pid})", read_log(replica, 30))
-            try:
-                if not healthy:
-                    healthy = http.get(engines.health_url(engine, replica.endpoint)).status_code == 200
-                if healthy:
-                    r = http.post(replica.endpoint + probe.path, json=probe.body, timeout=max(5.0, min(60.0, deadline - time.monotonic())))
-                    if r.status_code == 200 and r.json():
-                        return time.monotonic() - began
-                    healthy = False
-            except (httpx.HTTPError, ValueError):
-                pass
-            if time.monotonic() >= deadline:
-                raise EngineFailed(f"no health and completion within {timeout:.0f} s", read_log(replica, 30))
-            time.sleep(0.02 if time.monotonic() - began < 3 else 0.25)
+    http = client()
+    while True:
+        if not alive(replica):
+            raise EngineFailed(f"the engine exited while starting (pid {replica.pid})", read_log(replica, 30))
+        try:
+            if not healthy:
+                healthy = http.get(engines.health_url(engine, replica.endpoint)).status_code == 200
+            if healthy:
+                r = http.post(replica.endpoint + probe.path, json=probe.body, timeout=max(5.0, min(60.0, deadline - time.monotonic())))
+                if r.status_code == 200 and r.json():
+                    return time.monotonic() - began
+                healthy = False
+        except (httpx.HTTPError, ValueError):
+            pass
+        if time.monotonic() >= deadline:
+            raise EngineFailed(f"no health and completion within {timeout:.0f} s", read_log(replica, 30))
+        time.sleep(0.02 if time.monotonic() - began < 3 else 0.25)
 
 
 def stop(replica: Replica, grace: float | None = None) -> None:
@@ -269,7 +270,7 @@ def probe(replica: Replica) -> bool:
     if not alive(replica):
         return False
     try:
-        r = httpx.get(engines.health_url(replica.profile.engine, replica.endpoint), timeout=5.0)
+        r = client().get(engines.health_url(replica.profile.engine, replica.endpoint), timeout=5.0)
         return r.status_code == 200
     except httpx.HTTPError:
         return False

@@ -240,3 +240,27 @@ def test_reconcile_marks_a_killed_replica_restarts_it_and_stops_untracked_engine
     assert any(f"replica {r1.id}" in m and "restarted" in m for m in msgs), msgs
     assert {p["pid"] for p in local.engine_processes()} == {r2.pid, replacement.pid}
     assert fleet.reconcile() == []  # nothing left to fix
+
+
+def test_no_room_for_a_second_copy_restarts_in_place_old_first(catalog_rows, start_worker):
+    start_worker("rollout")
+    model, profile = catalog_rows("tiny", OLD)
+    profile.min_memory_gb = 6
+    profile.save()
+    node = catalog_rows.node()
+    node.ram_gb = 16  # two replicas of 6 GB fit, a third copy does not
+    node.save()
+    olds = up(profile, node, 2)
+    assert fleet.surge_possible(profile) is False
+
+    change = wait_change(request_change(profile, NEW), 120)
+    assert change.state == ChangeState.SUCCEEDED, change.error
+    steps = list(change.steps.order_by("position"))
+    assert [s.policy for s in steps] == ["in_place", "in_place"]
+    for s in steps:
+        old, new = s.old_replica, s.new_replica
+        assert old.state == ReplicaState.STOPPED and new.state == ReplicaState.READY
+        assert old.stopped_at <= new.started_at  # in place: the old one goes first
+        assert props(new) == {"n_ctx": 1024, "slots": 4}
+    assert steps[0].new_replica.started_at < steps[1].old_replica.stopped_at  # one at a time
+    assert Replica.objects.filter(state=ReplicaState.READY).count() == 2
