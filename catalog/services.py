@@ -17,7 +17,7 @@ from django.db.models import Prefetch
 from django.utils import timezone
 
 from catalog import audit
-from catalog.choices import ChangeKind, ChangeState, Engine
+from catalog.choices import ChangeKind, ChangeState, Engine, Source
 from catalog.domain.args import get_int
 from catalog.fleet import surge_possible as fleet_surge_possible
 from catalog.domain.plan import (
@@ -133,7 +133,11 @@ def _shape_of(model: Model):
     """(Shape | None, note): the cached shape, read once per source (catalog.shapes does the I/O)."""
     from catalog import shapes
 
-    return shapes.shape_of(model)
+    try:
+        return shapes.shape_of(model)
+    except Exception as e:  # noqa: BLE001 - an unreadable shape is said in the plan, not a failure
+        log.exception("the shape of %s could not be read", model.name)
+        return None, f"its shape could not be read ({e}), so the memory it needs is not checked"
 
 
 def _plan(model: Model | None, name: str, request: ChangeRequest, shape=None, note: str = "") -> Plan:
@@ -228,17 +232,21 @@ def request_change(
     longest-answer-only change comes back `succeeded`: nothing restarts."""
     if not can_change_context(user):
         raise Forbidden("you may not change a model's context (permission catalog.change_context)")
+    if source not in Source.values:
+        raise ValueError(f"unknown source {source!r}: one of {', '.join(Source.values)}")
     request = ChangeRequest(tokens=tokens, slots=slots, max_output=max_output)
-    found = Model.objects.filter(name=name).only("pk").first()
+    found = Model.objects.filter(name=name).prefetch_related("files").first()
     if found is None:
         raise _not_found(name)
     # The shape may need I/O the first time: read it before taking the model's lock.
-    shape, note = _shape_of(Model.objects.get(pk=found.pk))
+    shape, note = _shape_of(found)
 
     refused: Refused | None = None
     try:
         with transaction.atomic():
-            model = _models_for_planning().select_for_update().get(pk=found.pk)
+            model = _models_for_planning().select_for_update().filter(pk=found.pk).first()
+            if model is None:  # removed in the meantime
+                raise _not_found(name)
             active = _active_change(model.pk)
             if active is not None:
                 raise _conflict(model.name, active)
