@@ -458,8 +458,12 @@ def _change_context(change: Change, user) -> dict:
         step.log = read_log(step.new_replica) if step.state == "failed" and step.new_replica else ""
     done = sum(1 for s in steps if s.state in ("done", "skipped"))
     current = next((s for s in steps if s.state not in ("done", "skipped", "pending")), None)
+    # An error is a sentence, possibly followed by the engine's output: the sentence first.
+    error_head, _, error_rest = (change.error or "").strip().partition("\n")
     return {
         "change": change,
+        "error_head": error_head,
+        "error_rest": error_rest.strip(),
         "plan": plan_view(change.plan),
         "steps": steps,
         "done": done,

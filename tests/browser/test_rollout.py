@@ -124,3 +124,49 @@ def test_submit_follows_the_rollout_to_the_end(page, live_server, operator, work
     shot(page, "rollout-replica-log")
     for r in ready:
         fleet.stop(r)
+
+
+def test_a_failed_rollout_shows_the_engine_log_and_rolls_back(page, live_server, operator, worker, mirror, shot):
+    node = Node.objects.create(name="local", backend="local", host="127.0.0.1")
+    model = Model.objects.create(name="tiny", source="tiny-llama.gguf", context_length=1024, max_output=256)
+    profile = Profile.objects.create(model=model, name="cpu", engine="llamacpp", args=list(OLD), cpu_only=True)
+    olds = up(profile, node, 2)
+    # The running engines have the model in memory; a new one will not load this file.
+    weights = mirror / "tiny-llama.gguf"
+    good = weights.read_bytes()
+    weights.write_bytes(b"GGUF" + b"\0" * 64)
+
+    page.set_viewport_size(DESKTOP)
+    log_in(page, live_server, "operator", "pw-operator-123")
+    page.goto(f"{live_server.url}/models/tiny/")
+    page.click("#context > summary")
+    page.fill("#id_tokens", "2048")
+    expect(page.locator("#plan")).to_contain_text("its header could not be read")  # said once, in words
+    expect(page.locator("#context-submit")).to_be_enabled()
+    page.click("#context-submit")
+    page.wait_for_url(re.compile(r"/changes/\d+/$"))
+
+    expect(page.locator("#change-state")).to_have_text("Failed", timeout=120_000)
+    failed_step = page.locator(".step.step-failed")
+    expect(failed_step).to_have_count(1)
+    expect(failed_step.locator("pre.log")).not_to_be_empty()  # the engine's last log lines
+    expect(page.locator(".step").nth(1)).to_contain_text("Pending")  # the rollout stopped there
+    shot(page, "rollout-failed")
+    assert set(Replica.objects.filter(pk__in=[o.pk for o in olds]).values_list("state", flat=True)) == {"ready"}
+
+    weights.write_bytes(good)
+    page.fill(".rollback input[name=message]", "the new replica did not load")
+    page.click(".rollback button")
+    page.wait_for_url(re.compile(r"/changes/\d+/$"))
+    expect(page.locator("#change-state")).to_have_text("Succeeded", timeout=120_000)
+    expect(page.locator("#change-live")).to_contain_text("rolling back")
+    shot(page, "rollback-done")
+
+    rollback = Change.objects.get(kind="rollback")
+    assert rollback.rollback_of.state in ("failed", "rolled_back") and rollback.message == "the new replica did not load"
+    model.refresh_from_db()
+    assert model.context_length == 1024
+    ready = Replica.objects.filter(profile=profile, state=ReplicaState.READY)
+    assert ready.count() == 2 and all(r.args[-6:] == OLD for r in ready)
+    for r in ready:
+        fleet.stop(r)
