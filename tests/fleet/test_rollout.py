@@ -264,3 +264,61 @@ def test_no_room_for_a_second_copy_restarts_in_place_old_first(catalog_rows, sta
         assert props(new) == {"n_ctx": 1024, "slots": 4}
     assert steps[0].new_replica.started_at < steps[1].old_replica.stopped_at  # one at a time
     assert Replica.objects.filter(state=ReplicaState.READY).count() == 2
+
+
+@pytest.mark.parametrize("engine_alive", [True, False], ids=["live-new-replica-waited-on", "dead-new-replica-replaced"])
+def test_resume_of_a_step_whose_new_replica_was_starting(catalog_rows, engine_alive):
+    """The state a worker killed while a new replica was starting leaves behind, resumed."""
+    from catalog import rollout
+    from catalog.models import Change
+
+    model, profile = catalog_rows("tiny", OLD)
+    node = catalog_rows.node()
+    (old,) = up(profile, node, 1)
+    profile.args = NEW
+    profile.save()
+    change = Change.objects.create(model=model, kind="context", source="cli", state=ChangeState.RUNNING,
+                                   started_at=timezone.now())
+    (step,) = rollout.plan_steps(change)
+    pending_new = fleet.start_replica(profile, node, NEW, slot=old.slot)
+    step.state, step.started_at, step.new_replica = StepState.STARTING, timezone.now(), pending_new
+    step.save()
+    if not engine_alive:
+        os.kill(pending_new.pid, signal.SIGKILL)
+        wait_for(lambda: not local.alive(pending_new), 10, "the engine to die")
+
+    assert rollout.run(change.id) == "succeeded"
+
+    step.refresh_from_db()
+    pending_new.refresh_from_db()
+    old.refresh_from_db()
+    assert step.state == StepState.DONE and old.state == ReplicaState.STOPPED
+    if engine_alive:
+        assert step.new_replica_id == pending_new.id and pending_new.state == ReplicaState.READY
+        assert Replica.objects.count() == 2
+    else:
+        assert step.new_replica_id != pending_new.id and pending_new.state == ReplicaState.FAILED
+        assert "gone" in pending_new.error
+        assert step.new_replica.state == ReplicaState.READY and props(step.new_replica) == {"n_ctx": 1024, "slots": 4}
+        assert Replica.objects.count() == 3
+    assert {p["pid"] for p in local.engine_processes()} == {step.new_replica.pid}
+
+
+def test_a_queued_change_whose_enqueue_was_lost_is_swept_and_run(catalog_rows, start_worker):
+    from datetime import timedelta
+
+    from catalog import rollout
+    from catalog.models import Change
+
+    start_worker("rollout")
+    model, profile = catalog_rows("tiny", OLD)
+    up(profile, catalog_rows.node(), 1)
+    profile.args = NEW
+    profile.save()
+    change = Change.objects.create(model=model, kind="context", source="api", state=ChangeState.QUEUED)
+    assert rollout.sweep() == []  # younger than the grace period: its enqueue may still arrive
+    Change.objects.filter(id=change.id).update(created_at=timezone.now() - timedelta(seconds=30))
+    assert rollout.sweep() == [change.id]
+    assert rollout.sweep() == []  # at most once per grace period
+    change = wait_change(change, 60)
+    assert change.state == ChangeState.SUCCEEDED, change.error
