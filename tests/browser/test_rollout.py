@@ -159,7 +159,7 @@ def test_a_failed_rollout_shows_the_engine_log_and_rolls_back(page, live_server,
     page.click(".rollback button")
     page.wait_for_url(re.compile(r"/changes/\d+/$"))
     expect(page.locator("#change-state")).to_have_text("Succeeded", timeout=120_000)
-    expect(page.locator("#change-live")).to_contain_text("rolling back")
+    expect(page.locator("#change-live")).to_contain_text("Rolling back change")
     shot(page, "rollback-done")
 
     rollback = Change.objects.get(kind="rollback")
