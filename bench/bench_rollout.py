@@ -32,16 +32,46 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--profile", action="store_true", help="print where the rollout's own time goes (cProfile)")
     ap.add_argument("--queries", action="store_true", help="print the rollout's SQL statements")
+    ap.add_argument("--postgres", metavar="URL", help="run on a fresh database on this PostgreSQL server "
+                    "(e.g. postgres://postgres@127.0.0.1:5432/postgres) instead of a SQLite file")
+    ap.add_argument("--sqlite-wal", action="store_true", help="SQLite in WAL mode with synchronous=NORMAL "
+                    "(commits without an fsync each) instead of the settings' default journal")
     opts = ap.parse_args()
 
     data = Path(tempfile.mkdtemp(prefix="llmgw-bench-rollout-"))
-    os.environ.update(LLMGW_DATA=str(data), DATABASE_URL=f"sqlite:///{data / 'bench.sqlite3'}",
+    database_url = f"sqlite:///{data / 'bench.sqlite3'}"
+    dropdb = None
+    if opts.postgres:
+        import psycopg
+
+        name = f"llmgw_bench_rollout_{os.getpid()}"
+        with psycopg.connect(opts.postgres, autocommit=True) as pg:
+            pg.execute(f'CREATE DATABASE "{name}"')
+        database_url = opts.postgres.rsplit("/", 1)[0] + "/" + name
+
+        def dropdb():
+            from django.db import connections
+
+            connections.close_all()
+            with psycopg.connect(opts.postgres, autocommit=True) as pg:
+                pg.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    os.environ.update(LLMGW_DATA=str(data), DATABASE_URL=database_url,
                       REDIS_URL=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14"),
                       DJANGO_SETTINGS_MODULE="llmgw_console.settings", LOG_LEVEL="WARNING")
     sys.path.insert(0, str(ROOT))
     import django
 
     django.setup()
+    if opts.sqlite_wal:
+        from django.db.backends.signals import connection_created
+
+        def wal(sender, connection, **kwargs):
+            if connection.vendor == "sqlite":
+                with connection.cursor() as c:
+                    c.execute("PRAGMA journal_mode=WAL")
+                    c.execute("PRAGMA synchronous=NORMAL")
+
+        connection_created.connect(wal)
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
@@ -52,6 +82,7 @@ def main() -> int:
     from catalog.models import Change, Model, Node, Profile
 
     print(f"llama-server: {engines.llama_server_binary()}")
+    print(f"database: {database_url}" + (" (WAL, synchronous=NORMAL)" if opts.sqlite_wal else ""))
     gguf = write_tiny_llama(data / "models" / "bench.gguf", context_length=16384, width=opts.width, layers=opts.layers,
                             heads=max(4, opts.width // 64), kv_heads=max(2, opts.width // 128), ffn=opts.width * 2)
     print(f"model: {gguf.stat().st_size / 2**20:.1f} MiB, {opts.layers} layers, width {opts.width}")
@@ -71,6 +102,8 @@ def main() -> int:
                 return datetime.fromisoformat(t)
         raise RuntimeError(f"no {text!r} in step {step.position}")
 
+    # A worker has its Redis connection open after its first task: so does this process.
+    fleet.redis_client().ping()
     ratios = []
     try:
         for run in range(opts.runs):
@@ -139,6 +172,8 @@ def main() -> int:
 
         for r in Replica.objects.filter(state__in=[ReplicaState.STARTING, ReplicaState.READY, ReplicaState.DRAINING]):
             fleet.stop(r)
+        if dropdb is not None:
+            dropdb()
     if opts.runs > 1:
         print(f"\noverhead ratio over {opts.runs} runs: " + ", ".join(f"{x:.1%}" for x in ratios))
     return 0

@@ -23,6 +23,7 @@ import hashlib
 import json
 import logging
 import threading
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -110,8 +111,9 @@ def _set_step(step: ChangeStep, state: str, **extra) -> None:
 def plan_steps(change: Change) -> list[ChangeStep]:
     """The change's steps, created once: one per replica of the model that is not
     stopped or failed, in a stable order; surge unless the node has no room for a copy."""
+    steps_of = lambda: list(change.steps.select_related("old_replica", "new_replica", "node").order_by("position"))  # noqa: E731
     with transaction.atomic():
-        existing = list(change.steps.order_by("position"))
+        existing = steps_of()
         if existing:
             return existing
         replicas = list(
@@ -129,16 +131,15 @@ def plan_steps(change: Change) -> list[ChangeStep]:
             for i, r in enumerate(replicas, start=1)
         ]
         ChangeStep.objects.bulk_create(steps)
-        return list(change.steps.order_by("position"))
+        return steps_of()
 
 
-def _take_down(step: ChangeStep, old: Replica | None) -> None:
+def _take_down(step: ChangeStep, old: Replica | None, done: bool = False) -> None:
     """Drain the old replica (the router sends it nothing new; in-flight requests finish)
-    and stop it. The step's notes are saved by the caller's next state change."""
-    if old is None:
-        return
-    old.refresh_from_db()
-    if old.state not in ACTIVE:
+    and stop it; `done`: the step is done with it, recorded in the same transaction."""
+    if old is None or old.state not in ACTIVE:
+        if done:
+            _set_step(step, StepState.DONE, finished_at=timezone.now())
         return
     if old.state != ReplicaState.DRAINING:
         fleet.mark(old, ReplicaState.DRAINING)
@@ -149,8 +150,12 @@ def _take_down(step: ChangeStep, old: Replica | None) -> None:
     else:
         _note(step, f"old replica {old.id}: {result['inflight']} request(s) still in flight after the drain "
                     f"timeout ({result['seconds']:.0f} s); stopping it", save=False)
-    fleet.stop(old)
+    fleet.stop(old, record=False)
     _note(step, f"old replica {old.id} stopped", save=False)
+    with transaction.atomic():
+        fleet.mark(old, ReplicaState.STOPPED)
+        if done:
+            _set_step(step, StepState.DONE, finished_at=timezone.now())
 
 
 def _bring_up(step: ChangeStep, profile: Profile, target: list[str], slot: int, total: int,
@@ -173,12 +178,17 @@ def _bring_up(step: ChangeStep, profile: Profile, target: list[str], slot: int, 
         else:
             _note(step, f"new replica {new.id} (pid {new.pid}) still starting: waiting for it", save=False)
     if new is None:
+        # Locally, the new row, its spawn and the step's link to it are one transaction (an
+        # engine whose row was rolled back is untracked: reconcile stops it). A celery node
+        # must see the row first: there each is committed on its own.
+        together = transaction.atomic() if step.node.backend != "celery" else nullcontext()
         try:
-            new = fleet.start_replica(profile, step.node, target, slot=slot)
+            with together:
+                new = fleet.start_replica(profile, step.node, target, slot=slot)
+                _note(step, f"new replica {new.id} started: pid {new.pid}, {new.endpoint}", save=False)
+                _set_step(step, step.state, new_replica=new, started_at=step.started_at)
         except fleet.EngineFailed as e:
             return Outcome(False, f"replica {step.position} of {total} on {step.node.name}: {e}")
-        _note(step, f"new replica {new.id} started: pid {new.pid}, {new.endpoint}", save=False)
-        _set_step(step, step.state, new_replica=new)
     if new.state != ReplicaState.READY:
         try:
             seconds = fleet.wait_ready(new)
@@ -195,24 +205,28 @@ def _bring_up(step: ChangeStep, profile: Profile, target: list[str], slot: int, 
         if step.policy == RestartPolicy.IN_PLACE:
             _set_step(step, StepState.DONE, finished_at=timezone.now())
             return Outcome(True)
-        if old is not None:
-            old.refresh_from_db()
-            if old.state in (ReplicaState.STARTING, ReplicaState.READY):
-                fleet.mark(old, ReplicaState.DRAINING)
-                _note(step, f"old replica {old.id} draining", save=False)
+        if old is not None and Replica.objects.filter(
+                id=old.id, state__in=[ReplicaState.STARTING, ReplicaState.READY]).update(state=ReplicaState.DRAINING):
+            old.state = ReplicaState.DRAINING
+            _note(step, f"old replica {old.id} draining", save=False)
         _set_step(step, StepState.DRAINING)
     return Outcome(True)
 
 
-def run_step(change: Change, step: ChangeStep, total: int) -> Outcome:
-    step.refresh_from_db()
+def run_step(change: Change, step: ChangeStep, total: int, profile: Profile | None = None,
+             fresh: bool = False) -> Outcome:
+    """One step, from whatever state it is in. `fresh`: the step and its replicas were just
+    read (a first run); a resumed run reads them again."""
+    if not fresh:
+        step = ChangeStep.objects.select_related("old_replica", "new_replica", "node").get(id=step.id)
     if step.state in (StepState.DONE, StepState.SKIPPED):
         return Outcome(True)
     if step.state == StepState.FAILED:
         return Outcome(False, step.detail.rsplit("\n", 1)[-1])
-    profile = Profile.objects.select_related("model").get(id=step.profile_id)
+    if profile is None:
+        profile = Profile.objects.select_related("model").get(id=step.profile_id)
     target = list(profile.args)
-    old = Replica.objects.filter(id=step.old_replica_id).first() if step.old_replica_id else None
+    old = step.old_replica
     slot = old.slot if old is not None else step.position - 1
 
     if step.state == StepState.PENDING:
@@ -223,7 +237,10 @@ def run_step(change: Change, step: ChangeStep, total: int) -> Outcome:
             return Outcome(True)
         _note(step, f"restarting {'in place' if step.policy == RestartPolicy.IN_PLACE else 'new before old'}: "
                     f"replica {old.id if old else '-'} → args {args_hash(target)}", save=False)
-        _set_step(step, StepState.STARTING, started_at=now)
+        step.state, step.started_at = StepState.STARTING, now
+        if step.policy == RestartPolicy.IN_PLACE or step.node.backend == "celery":
+            _set_step(step, StepState.STARTING, started_at=now)
+        # else: written with the new replica's spawn, in one transaction (nothing happened before it)
 
     if step.state == StepState.STARTING:
         if step.policy == RestartPolicy.IN_PLACE:
@@ -238,8 +255,7 @@ def run_step(change: Change, step: ChangeStep, total: int) -> Outcome:
             return Outcome(True)
 
     if step.state == StepState.DRAINING:
-        _take_down(step, old)
-        _set_step(step, StepState.DONE, finished_at=timezone.now())
+        _take_down(step, old, done=True)
     return Outcome(True)
 
 
@@ -272,16 +288,20 @@ def run(change_id: int) -> str:
     if not lock.acquire():
         return "another worker runs it"
     try:
-        Change.objects.filter(id=change_id, state=ChangeState.QUEUED).update(state=ChangeState.RUNNING, started_at=timezone.now())
-        change.refresh_from_db()
-        if change.state != ChangeState.RUNNING:
-            return f"already {change.state}"
-        steps = plan_steps(change)
+        with transaction.atomic():
+            started = Change.objects.filter(id=change_id, state=ChangeState.QUEUED).update(
+                state=ChangeState.RUNNING, started_at=timezone.now())
+            if not started:  # not queued any more: running (resume) or finished meanwhile
+                change.refresh_from_db()
+                if change.state != ChangeState.RUNNING:
+                    return f"already {change.state}"
+            steps = plan_steps(change)
+        profiles = {p.id: p for p in Profile.objects.select_related("model").filter(id__in={s.profile_id for s in steps})}
         for step in steps:
             if lock.lost.is_set():
                 log.warning("change %s: lost its lock; leaving the rest to the worker that holds it", change_id)
                 return "lock lost"
-            outcome = run_step(change, step, len(steps))
+            outcome = run_step(change, step, len(steps), profiles[step.profile_id], fresh=not started)
             if not outcome.ok:
                 _finish(change_id, ChangeState.FAILED, outcome.error)
                 return "failed"

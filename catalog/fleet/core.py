@@ -137,10 +137,11 @@ def drain(replica: Replica, timeout: float | None = None) -> dict:
         time.sleep(0.05)
 
 
-def stop(replica: Replica, state: str = ReplicaState.STOPPED) -> None:
-    """Stop the engine and record it stopped (or failed, when state says so)."""
+def stop(replica: Replica, state: str = ReplicaState.STOPPED, record: bool = True) -> None:
+    """Stop the engine and record it stopped (or failed, when state says so); `record=False`
+    leaves the record to the caller (to write it with something else)."""
     _backend(replica.node).stop(replica)
-    if replica.state != ReplicaState.FAILED or state == ReplicaState.FAILED:
+    if record and (replica.state != ReplicaState.FAILED or state == ReplicaState.FAILED):
         mark(replica, state)
     try:
         redis_client().delete(inflight_key(replica.id))
