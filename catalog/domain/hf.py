@@ -37,6 +37,8 @@ _CLASS_DEFAULTS = {
     "gemma2": {"max_position_embeddings": 8192, "sliding_window": 4096},
 }
 
+MAX_LAYERS = 4096
+
 _PURE_RECURRENT = {"mamba", "mamba2", "falcon_mamba", "rwkv", "rwkv5", "rwkv6", "rwkv7"}
 
 
@@ -93,9 +95,17 @@ def _rope_sets(cfg: dict) -> list[dict]:
 
 
 def _trained_context(cfg: dict, model_type: str) -> tuple[int, str]:
-    """vllm/config/model.py::_get_and_verify_max_len: the smallest of the length keys
-    (model_max_length replaces it), times the rope factor for linear/dynamic scaling; yarn,
-    llama3, longrope: max_position_embeddings is already the extended length; gemma3 is skipped."""
+    """The context the model is trained for.
+
+    vllm/config/model.py::_get_and_verify_max_len: the smallest of the length keys
+    (model_max_length replaces it), times the rope factor for linear/dynamic scaling (gemma3
+    skipped: its max_position_embeddings is already extended); llama3 and longrope:
+    max_position_embeddings is already the extended length. yarn: SPEC §3 — "a config whose
+    rope_scaling extends the context is trained for the extended length" — so the longer of
+    max_position_embeddings and original_max_position_embeddings x factor (DeepSeek-V3 4096 x 40 =
+    163840 = max_position_embeddings; Qwen2.5 with a user-added yarn x4 from 32768 -> 131072, what
+    vLLM before PR #56446 derived; newer vLLM wants VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 or a raised
+    max_position_embeddings for it, kv-memory.md §3.2)."""
     present = [(k, _num(cfg, k)) for k in _LEN_KEYS if cfg.get(k) is not None]
     present = [(k, v) for k, v in present if v]
     if not present:
@@ -106,17 +116,21 @@ def _trained_context(cfg: dict, model_type: str) -> tuple[int, str]:
         derived = mml
     note = ""
     factor = 1.0
+    extended = 0
     for rs in _rope_sets(cfg):
         rtype = str(rs.get("rope_type") or rs.get("type") or "default").lower()
         f = rs.get("factor")
-        if not isinstance(f, (int, float)) or isinstance(f, bool) or f <= 0:
+        if not isinstance(f, (int, float)) or isinstance(f, bool) or not 0 < f < 1e6:
             continue
         orig = rs.get("original_max_position_embeddings")
-        if rtype not in _NO_MULTIPLY and "gemma3" not in model_type:
+        orig = orig if isinstance(orig, int) and not isinstance(orig, bool) and 0 < orig < 1 << 40 else None
+        if rtype in ("yarn", "deepseek_yarn"):
+            extended = max(extended, int((orig or derived) * f))
+        elif rtype not in _NO_MULTIPLY and "gemma3" not in model_type:
             factor = max(factor, float(f))
         if f != 1 and not note:
-            note = f"{rtype} x{f:g}" + (f" from {orig}" if isinstance(orig, int) else "")
-    return int(derived * factor), note
+            note = f"{rtype} x{f:g}" + (f" from {orig}" if orig else "")
+    return max(int(derived * factor), extended), note
 
 
 def _dtype_bytes(cfg: dict) -> int:
@@ -138,6 +152,8 @@ def shape_from_hf_config(config: dict, weights_bytes: int = 0) -> Shape:
     layers = _num(cfg, "num_hidden_layers", "n_layer", "num_layers", "n_layers")
     if not layers:
         raise HFError(f"not a language model config: no num_hidden_layers (model_type {mt or 'unknown'!r})")
+    if layers > MAX_LAYERS:  # bounded memory for hostile input; real models have < 200
+        raise HFError(f"num_hidden_layers is {layers}, more than {MAX_LAYERS}")
     hidden = _num(cfg, "hidden_size", "d_model", "n_embd", "hidden_dim", default=0)
     heads = _num(cfg, "num_attention_heads", "n_head", "num_heads", default=0)
     pure_recurrent = mt in _PURE_RECURRENT

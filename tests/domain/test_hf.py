@@ -235,7 +235,9 @@ def test_kv_head_aliases(alias):
 @pytest.mark.parametrize("rope,expected", [
     ({"type": "linear", "factor": 4.0}, 16384),
     ({"rope_type": "dynamic", "factor": 2.0}, 8192),
-    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}, 4096),
+    # SPEC §3: rope_scaling that extends the context -> trained for the extended length
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}, 16384),
+    ({"type": "yarn", "factor": 2.0}, 8192),
     ({"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}, 4096),
 ])
 def test_rope_scaling(rope, expected):
@@ -260,6 +262,13 @@ def test_nested_lm_configs():
     assert shape_from_hf_config(decoder).layers == 32
 
 
+def test_qwen25_with_user_added_yarn():
+    # Qwen's own advice for 128K: add {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    cfg = {**QWEN25_7B, "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}
+    s = shape_from_hf_config(cfg)
+    assert s.trained_context == 131072 and s.rope_scaling == "yarn x4 from 32768"
+
+
 def test_model_max_length_replaces():
     cfg = {**MISTRAL_7B_V03, "model_max_length": 8192}
     assert shape_from_hf_config(cfg).trained_context == 8192
@@ -271,6 +280,7 @@ def test_model_max_length_replaces():
     ({"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4}, "head_dim nor hidden_size"),
     ({"model_type": "llama", "num_hidden_layers": -1}, "negative"),
     ({"model_type": "llama", "num_hidden_layers": "32"}, "whole number"),
+    ({"model_type": "llama", "num_hidden_layers": 3e10, "num_attention_heads": 4, "hidden_size": 64}, "more than"),
     ({**GPT_OSS_20B, "layer_types": ["full_attention"] * 3}, "3 entries for 24 layers"),
     ([1, 2], "JSON object"),
 ])
