@@ -271,20 +271,27 @@ def shape_from_gguf(metadata: dict, file_size: int = 0) -> Shape:
 
     full_heads = [h for h in kv_layer_heads if h > 0]
     rope_note = ""
+    trained = n_ctx_train
     rs_type = md.get(a + "rope.scaling.type")
     rs_factor = md.get(a + "rope.scaling.factor")
-    if isinstance(rs_type, str) and rs_type != "none" and isinstance(rs_factor, (int, float)) and rs_factor:
+    if (isinstance(rs_type, str) and rs_type != "none" and isinstance(rs_factor, (int, float))
+            and not isinstance(rs_factor, bool) and 0 < rs_factor < 1e6):
         orig = md.get(a + "rope.scaling.original_context_length")
-        rope_note = f"{rs_type} x{rs_factor:g}" + (f" from {orig}" if _is_int(orig) else "")
+        orig = orig if _is_int(orig) and 0 < orig < 1 << 40 else None
+        rope_note = f"{rs_type} x{rs_factor:g}" + (f" from {orig}" if orig else "")
+        if rs_type == "yarn" and orig:
+            # SPEC §3: rope scaling that extends the context means trained for the extended length
+            # (a Qwen2.5 GGUF with yarn x4 from 32768 keeps context_length 32768)
+            trained = max(trained, int(orig * rs_factor))
 
     return Shape(
         architecture=arch,
         layers=n_layer,
         heads=max(heads[:n_layer]) if n_layer else 0,
         kv_heads=max(full_heads) if full_heads else 0,
-        # n_ctx_train is the context the GGUF says it was trained for; the converters write the
-        # extended length for yarn/longrope models (llama.cpp reads it as is, load_hparams L1323)
-        trained_context=n_ctx_train,
+        # n_ctx_train (load_hparams L1323) is context_length, the converters' max_position_embeddings;
+        # yarn scaling beyond it counts (above)
+        trained_context=trained,
         head_k=head_k,
         head_v=0 if mla else head_v,
         kv_heads_per_layer=tuple(kv_layer_heads),

@@ -406,6 +406,16 @@ class TestShapeFromGGUF:
                              "llama.rope.scaling.factor": 4.0, "llama.rope.scaling.original_context_length": 32768})
         assert s.trained_context == 131072 and s.rope_scaling == "yarn x4 from 32768"
 
+    def test_yarn_extends_trained_context(self):
+        # a Qwen2.5 GGUF converted with yarn x4 from 32768 keeps context_length 32768 (SPEC §3)
+        s = shape_from_gguf({**tiny_llama(ctx=32768), "llama.rope.scaling.type": "yarn",
+                             "llama.rope.scaling.factor": 4.0, "llama.rope.scaling.original_context_length": 32768})
+        assert s.trained_context == 131072
+        # linear scaling in a GGUF: context_length is what llama.cpp trains against
+        s2 = shape_from_gguf({**tiny_llama(ctx=4096), "llama.rope.scaling.type": "linear",
+                              "llama.rope.scaling.factor": 2.0})
+        assert s2.trained_context == 4096 and s2.rope_scaling == "linear x2"
+
     @pytest.mark.parametrize("broken,msg", [
         ({"general.architecture": None}, "general.architecture"),
         ({"llama.block_count": 0}, "no layers"),
