@@ -31,6 +31,7 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--profile", action="store_true", help="print where the rollout's own time goes (cProfile)")
+    ap.add_argument("--profile-sort", default="tottime", help="cProfile sort key (tottime, cumtime)")
     ap.add_argument("--queries", action="store_true", help="print the rollout's SQL statements")
     ap.add_argument("--postgres", metavar="URL", help="run on a fresh database on this PostgreSQL server "
                     "(e.g. postgres://postgres@127.0.0.1:5432/postgres) instead of a SQLite file")
@@ -136,7 +137,7 @@ def main() -> int:
                 import pstats
 
                 profiler.disable()
-                pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+                pstats.Stats(profiler).sort_stats(opts.profile_sort).print_stats(40)
             change.refresh_from_db()
             if outcome != "succeeded":
                 print(f"rollout {outcome}: {change.error}")

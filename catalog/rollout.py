@@ -131,7 +131,9 @@ def plan_steps(change: Change) -> list[ChangeStep]:
             for i, r in enumerate(replicas, start=1)
         ]
         ChangeStep.objects.bulk_create(steps)
-        return steps_of()
+        if any(st.pk is None for st in steps):  # a database that does not return ids on insert
+            return steps_of()
+        return steps
 
 
 def _take_down(step: ChangeStep, old: Replica | None, done: bool = False) -> None:

@@ -173,8 +173,10 @@ def _cards(profile: Profile) -> int:
 def surge_possible(profile: Profile) -> bool:
     """Whether every node that runs the profile can hold one more copy of it next to what it
     runs now (its cards, or its RAM for CPU-only profiles). False ⇒ restart in place."""
-    nodes = Node.objects.filter(replicas__profile=profile, replicas__state__in=ACTIVE).distinct()
     need_cards = _cards(profile)
+    if not need_cards and not profile.min_memory_gb:
+        return True  # needs neither cards nor a known amount of RAM: nothing to run out of
+    nodes = Node.objects.filter(replicas__profile=profile, replicas__state__in=ACTIVE).distinct()
     for node in nodes:
         running = Replica.objects.filter(node=node, state__in=ACTIVE).select_related("profile")
         if need_cards:
