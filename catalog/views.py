@@ -17,6 +17,8 @@ from django.core.paginator import Paginator
 from django.db.models import Count, OuterRef, Prefetch, Q, Subquery
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.html import format_html
+from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRedirect, HttpResponseStopPolling, trigger_client_event
 
@@ -59,59 +61,33 @@ def _get(obj, key, default=None):
     return getattr(obj, key, default)
 
 
-@dataclass
-class ArgToken:
-    text: str  # the flag (or the whole argument when unchanged)
-    value: str = ""  # a changed flag's new value
-    old: str | None = None  # its value before; None when the flag was added
-    changed: bool = False
-    eq: bool = False  # written as --flag=value
-
-
-def arg_diff(before: Sequence[str], after: Sequence[str], changed_flags: Sequence[str]) -> list[ArgToken]:
-    """The arguments after the change, with the changed flags and their old values marked."""
+def arg_diff(before: Sequence[str], after: Sequence[str], changed_flags: Sequence[str]) -> SafeString:
+    """The arguments after the change as HTML, each changed flag marked with its old value
+    struck out (added when it had none). Built here rather than in a template loop: a plan
+    has a few dozen arguments per profile, and the preview renders on every keystroke."""
     before, after = list(before or ()), list(after or ())
-    out: list[ArgToken] = []
+    parts = []
     i = 0
     while i < len(after):
         a = after[i]
         flag = next((f for f in changed_flags if a == f or a.startswith(f + "=")), None)
         if flag is None:
-            out.append(ArgToken(a))
+            parts.append(format_html('<span class="arg">{}</span>', a))
             i += 1
             continue
-        old = get_arg(before, flag)
         if a == flag and i + 1 < len(after):
-            out.append(ArgToken(flag, value=after[i + 1], old=old, changed=True))
-            i += 2
+            value, sep, i = after[i + 1], " ", i + 2
         else:
-            out.append(ArgToken(flag, value=a[len(flag) + 1 :], old=old, changed=True, eq=True))
-            i += 1
-    return out
-
-
-@dataclass
-class Segment:
-    kind: str  # weights, kv, state, reserve
-    gb: float
-    pct: float
-
-
-@dataclass
-class Bar:
-    label: str
-    text: str
-    need_gb: float | None
-    fits: bool | None
-    segments: list[Segment]
-
-
-@dataclass
-class MemoryView:
-    where: str  # "card" or "ram"
-    usable_gb: float | None
-    usable_pct: float | None
-    bars: list[Bar]
+            value, sep, i = a[len(flag) + 1 :], "=", i + 1
+        old = get_arg(before, flag)
+        struck = format_html('<del title="before">{}</del>', old) if old is not None and old != value else ""
+        parts.append(
+            format_html(
+                '<span class="arg changed{}">{}{}{}<ins title="after">{}</ins></span>',
+                " added" if old is None else "", flag, sep, struck, value,
+            )
+        )
+    return mark_safe(" ".join(parts))  # noqa: S308 - every part is escaped by format_html
 
 
 def _finite(x) -> float | None:
@@ -122,29 +98,50 @@ def _finite(x) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def memory_view(*labelled: tuple[str, object]) -> MemoryView | None:
-    """Bars on one scale (the card's usable memory, or the largest need) for each
-    (label, MemoryTerms) given; None when no terms are known."""
+def memory_html(*labelled: tuple[str, object]) -> SafeString | None:
+    """Memory bars, one per (label, MemoryTerms) given, on one scale (the card's usable
+    memory, or the largest need): weights / KV / state / reserve, the usable line, and the
+    part past it hatched red; None when no terms are known. HTML built here: the preview
+    draws it for every profile on every keystroke, and a template loop costs ten times more."""
     terms = [(label, t) for label, t in labelled if t]
     if not terms:
         return None
     usable = next((_finite(_get(t, "usable_gb")) for _, t in reversed(terms) if _finite(_get(t, "usable_gb"))), None)
     needs = [_finite(_get(t, "need_gb")) or 0.0 for _, t in terms]
     scale = max([usable or 0.0, *needs]) or 1.0
-    bars = []
+    line = zone = ""
+    if usable:
+        left = f"{100 * usable / scale:.2f}"
+        zone = format_html('<span class="mem-zone" style="left:{}%"></span>', left)
+        line = format_html('<span class="mem-usable" style="left:{}%" title="usable: {} GB a card"></span>', left, f"{usable:g}")
+    rows = []
     for label, t in terms:
         segments = []
         for kind in ("weights", "kv", "state", "reserve"):
             gb = _finite(_get(t, f"{kind}_gb")) or 0.0
             if gb > 0:
-                segments.append(Segment(kind, gb, round(100 * gb / scale, 2)))
-        bars.append(Bar(label, _get(t, "text", ""), _finite(_get(t, "need_gb")), _get(t, "fits"), segments))
-    return MemoryView(
-        where=_get(terms[-1][1], "where", "card"),
-        usable_gb=usable,
-        usable_pct=round(100 * usable / scale, 2) if usable else None,
-        bars=bars,
+                segments.append(
+                    format_html('<span class="seg seg-{}" style="width:{}%" title="{}: {} GB"></span>',
+                                kind, f"{100 * gb / scale:.2f}", kind, f"{gb:.1f}")
+                )
+        text = _get(t, "text", "") or "—"
+        over = _get(t, "fits") is False
+        rows.append(
+            format_html(
+                '<div class="mem-row{}"><span class="mem-label">{}</span>'
+                '<div class="mem-track" role="img" aria-label="{}: {}">{}{}{}</div>'
+                '<span class="mem-text">{}{}</span></div>',
+                " over" if over else "", label, label, text, zone, mark_safe("".join(segments)), line, text,  # noqa: S308
+                mark_safe(' <strong class="bad">does not fit</strong>') if over else "",
+            )
+        )
+    legend = format_html(
+        '<div class="mem-legend"><span class="key seg-weights"></span>weights <span class="key seg-kv"></span>KV cache '
+        '<span class="key seg-state"></span>state <span class="key seg-reserve"></span>reserve{}</div>',
+        mark_safe(' <span class="key key-usable"></span>usable') if usable else "",
     )
+    where = _get(terms[-1][1], "where", "card")
+    return format_html('<div class="mem mem-{}">{}{}</div>', where, mark_safe("".join(rows)), legend)  # noqa: S308
 
 
 @dataclass
@@ -152,9 +149,9 @@ class ProfileView:
     name: str
     engine: str
     engine_label: str
-    args: list[ArgToken]
+    args: SafeString
     args_changed: bool
-    memory: MemoryView | None
+    memory: SafeString | None
     restart: str
     restart_label: str
     refusal: str
@@ -197,7 +194,7 @@ def plan_view(plan) -> PlanView | None:
                 engine_label=ENGINE_LABELS.get(_get(p, "engine", ""), _get(p, "engine", "")),
                 args=arg_diff(before, after, _get(p, "changed_flags", ()) or ()),
                 args_changed=list(before or ()) != list(after or ()),
-                memory=memory_view(("before", _get(p, "memory_before")), ("after", _get(p, "memory_after"))),
+                memory=memory_html(("before", _get(p, "memory_before")), ("after", _get(p, "memory_after"))),
                 restart=restart,
                 restart_label=RESTART_LABELS.get(restart, restart),
                 refusal=_get(_get(p, "refusal"), "message", ""),
@@ -343,7 +340,7 @@ def _model_page_context(model: Model, user, form: ContextForm, plan=None, error:
     memory = {}
     if planned is not None:
         for p in planned.plan.get("profiles") or ():
-            memory[p.get("profile")] = memory_view(("planned", p.get("memory_after")))
+            memory[p.get("profile")] = memory_html(("planned", p.get("memory_after")))
     for p in profiles:
         p.memory = memory.get(p.name)
     pv = plan_view(plan)
