@@ -24,6 +24,7 @@ import time
 
 import httpx
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
@@ -140,8 +141,8 @@ def _numbers(before, after) -> str:
     return f"{before} → {after}" if before != after else f"{after} (unchanged)"
 
 
-def render_plan(plan: dict, console: Console = out) -> None:
-    name = plan.get("model", "?")
+def render_plan(plan: dict, console: Console = out, *, refusal: bool = True) -> None:
+    name = escape(str(plan.get("model", "?")))
     answer = _numbers(plan.get("max_output_before"), plan.get("max_output_after"))
     if plan.get("output_only"):
         console.print(f"[bold]{name}[/]: longest answer {answer}; only the catalog changes, no replica restarts")
@@ -159,18 +160,16 @@ def render_plan(plan: dict, console: Console = out) -> None:
             table.add_column(column)
         for p in profiles:
             restart = RESTART.get(p.get("restart"), p.get("restart") or "")
-            table.add_row(p.get("profile", ""), p.get("engine", ""), _args_diff(p), _memory(p), restart)
+            table.add_row(Text(p.get("profile", "")), Text(p.get("engine", "")), _args_diff(p), _memory(p), restart)
         console.print(table)
-    notes = list(plan.get("notes") or [])
-    notes += [f"{p['profile']}: {p['note']}" for p in profiles if p.get("note")]
-    for p in profiles:
-        if p.get("refusal"):
-            notes.append(f"{p['profile']}: [red]{p['refusal']['message']}[/]")
+    notes = [Text(f"  note: {n}") for n in plan.get("notes") or []]
+    notes += [Text(f"  note: {p['profile']}: {p['note']}") for p in profiles if p.get("note")]
+    notes += [Text(f"  {p['profile']}: {p['refusal']['message']}", style="red") for p in profiles if p.get("refusal")]
     for note in notes:
-        console.print(f"  note: {note}")
-    refusal = plan.get("refusal")
-    if refusal:
-        console.print(f"[red]refused[/] [{refusal.get('field')}]: {refusal.get('message')}")
+        console.print(note)
+    if refusal and plan.get("refusal"):
+        r = plan["refusal"]
+        console.print(Text(f"refused ({r.get('field')}): {r.get('message')}", style="red"))
 
 
 def _progress_of(change: dict) -> tuple[int, int]:
@@ -182,10 +181,12 @@ def render_change(change: dict, console: Console = out) -> None:
     before, after = change.get("before") or {}, change.get("after") or {}
     state = change.get("state", "?")
     style = {"succeeded": "green", "failed": "red", "refused": "red", "rolled_back": "yellow"}.get(state, "cyan")
-    console.print(f"[bold]change {change.get('id')}[/] of {change.get('model')}: {change.get('kind')}, [{style}]{state}[/]")
-    console.print(f"  by {change.get('user') or '?'} via {change.get('source')}, {change.get('created_at')}")
+    console.print(
+        f"[bold]change {change.get('id')}[/] of {escape(str(change.get('model')))}: {change.get('kind')}, [{style}]{state}[/]"
+    )
+    console.print(Text(f"  by {change.get('user') or '?'} via {change.get('source')}, {change.get('created_at')}"))
     if change.get("message"):
-        console.print(f"  why: {change['message']}")
+        console.print(Text(f"  why: {change['message']}"))
     if after:
         console.print(
             f"  context {_numbers(before.get('context_length'), after.get('context_length'))}, "
@@ -202,12 +203,12 @@ def render_change(change: dict, console: Console = out) -> None:
         for column in ("#", "profile", "node", "policy", "state", "detail"):
             table.add_column(column)
         for s in steps:
-            table.add_row(str(s.get("position")), s.get("profile", ""), s.get("node", ""), s.get("policy", ""), s.get("state", ""), s.get("detail") or "")
+            table.add_row(*(Text(str(v or "")) for v in (s.get("position"), s.get("profile"), s.get("node"), s.get("policy"), s.get("state"), s.get("detail"))))
         console.print(table)
     if change.get("error"):
-        console.print(f"  [red]error:[/] {change['error']}")
+        console.print(Text(f"  error: {change['error']}", style="red"))
     if change.get("url"):
-        console.print(f"  {change['url']}")
+        console.print(Text(f"  {change['url']}"))
 
 
 def print_json(data) -> None:
@@ -272,8 +273,8 @@ def _after_change(api: Api, status: int, data: dict, args) -> int:
         return OK
     if args.json:
         print_json(data)
-    elif status == 400 and isinstance(data, dict) and data.get("plan"):
-        render_plan(data["plan"], err)
+    elif status == 400 and isinstance(data, dict) and (data.get("plan") or {}).get("profiles"):
+        render_plan(data["plan"], err, refusal=False)  # which profile does not fit, and by how much
     raise refused(status, data)
 
 
@@ -303,7 +304,7 @@ def cmd_model_list(api: Api, args) -> int:
     for m in rows:
         current = m.get("current_change")
         table.add_row(
-            m.get("name", ""),
+            Text(m.get("name", "")),
             str(m.get("context_length")),
             str(m.get("max_output") or "no limit"),
             str(m.get("profiles_count")),

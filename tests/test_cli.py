@@ -45,7 +45,7 @@ def command() -> list[str]:
     return [sys.executable, "-m", "llmgw.cli"]
 
 
-def llmgw(env, *args, timeout=60) -> subprocess.CompletedProcess:
+def llmgw(env, *args, timeout=90) -> subprocess.CompletedProcess:
     return subprocess.run(command() + list(args), env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -130,7 +130,7 @@ def complete_rollout_later(model, *, fail=False, delay=1.0):
         from django.db import connection
 
         try:
-            deadline = time.monotonic() + 20
+            deadline = time.monotonic() + 90
             while not Change.objects.filter(model=model, state="queued").exists():
                 if time.monotonic() > deadline:
                     return
@@ -163,7 +163,7 @@ def complete_rollout_later(model, *, fail=False, delay=1.0):
 
 def test_wait_follows_the_rollout_to_its_end(model, env):
     thread = complete_rollout_later(model)
-    r = llmgw(env, "ctl", "model", "context", "llama-8b", "--tokens", "16384", "--wait", "--message", "docs")
+    r = llmgw(env, "ctl", "model", "context", "llama-8b", "--tokens", "16384", "--wait", "--message", "docs", timeout=150)
     thread.join(timeout=30)
     assert r.returncode == 0, r.stderr
     change = Change.objects.get()
@@ -175,7 +175,7 @@ def test_wait_follows_the_rollout_to_its_end(model, env):
 
 def test_wait_on_a_failed_rollout_exits_4(model, env):
     thread = complete_rollout_later(model, fail=True)
-    r = llmgw(env, "ctl", "model", "context", "llama-8b", "--tokens", "16384", "--wait")
+    r = llmgw(env, "ctl", "model", "context", "llama-8b", "--tokens", "16384", "--wait", timeout=150)
     thread.join(timeout=30)
     assert r.returncode == 4, r.stderr
     assert "out of memory" in r.stderr and "llmgw ctl change rollback" in r.stderr
