@@ -464,7 +464,7 @@ def _sglang(shape: Shape, context: int, slots: int, dtype: int) -> KVBytes:
 
 def kv_bytes(shape: Shape, engine: str, context: int, slots: int = 1, *, cache_type_k: str = "f16",
              cache_type_v: str | None = None, unified: bool = False, swa_full: bool = False, ubatch: int = 512,
-             block_size: int = 16, max_num_batched_tokens: int = 2048) -> KVBytes:
+             block_size: int = 16, max_num_batched_tokens: int = 2048, batch: int = 2048) -> KVBytes:
     """Bytes an engine allocates for `slots` requests of `context` tokens each.
 
     llama.cpp: as llama-server sizes it for `--ctx-size context*slots --parallel slots`
@@ -479,11 +479,11 @@ def kv_bytes(shape: Shape, engine: str, context: int, slots: int = 1, *, cache_t
     if not _is_int(slots) or slots <= 0:
         raise KVError(f"slots must be at least 1, not {slots!r}")
     if engine == "llamacpp":
-        if ubatch <= 0:
-            raise KVError(f"ubatch must be positive, not {ubatch!r}")
+        if ubatch <= 0 or batch <= 0:
+            raise KVError(f"ubatch and batch must be positive, not {ubatch!r} and {batch!r}")
         tk = cache_type_k or "f16"
         tv = cache_type_v or tk
-        return _llamacpp(shape, context, slots, tk, tv, unified, swa_full, ubatch)
+        return _llamacpp(shape, context, slots, tk, tv, unified, swa_full, ubatch, batch)
     if engine == "vllm":
         if block_size <= 0:
             raise KVError(f"block size must be positive, not {block_size!r}")
@@ -499,7 +499,8 @@ def kv_settings_from_args(engine: str, args: list[str]) -> dict:
     """kv_bytes keyword arguments from a profile's engine arguments."""
     args = list(args or [])
     if engine == "llamacpp":
-        # common/arg.cpp: -ctk/--cache-type-k, -ctv/--cache-type-v, -kvu/--kv-unified, --swa-full, -ub/--ubatch-size
+        # common/arg.cpp: -ctk/--cache-type-k, -ctv/--cache-type-v, -kvu/--kv-unified (-no-kvu), --swa-full,
+        # -ub/--ubatch-size, -b/--batch-size (n_ubatch = min(n_batch, n_ubatch) sizes the SWA cache)
         out: dict = {}
         k = get_arg(args, "-ctk", "--cache-type-k")
         v = get_arg(args, "-ctv", "--cache-type-v")
@@ -510,6 +511,9 @@ def kv_settings_from_args(engine: str, args: list[str]) -> dict:
         ub = get_int(args, "-ub", "--ubatch-size")
         if ub > 0:
             out["ubatch"] = ub
+        b = get_int(args, "-b", "--batch-size")
+        if b > 0:
+            out["batch"] = b
         return out
     if engine == "vllm":
         # vllm/engine/arg_utils.py: --kv-cache-dtype (auto = model dtype), --block-size, --max-num-batched-tokens

@@ -225,6 +225,13 @@ class TestSettingsFromArgs:
         assert kv_settings_from_args("llamacpp", args) == {
             "cache_type_k": "q8_0", "cache_type_v": "q4_0", "unified": True, "swa_full": True, "ubatch": 256}
 
+    def test_llamacpp_batch_caps_ubatch(self):
+        kw = kv_settings_from_args("llamacpp", ["--batch-size=128", "--no-kv-unified"])
+        assert kw["batch"] == 128 and kw["unified"] is False
+        s = shape_from_gguf(tiny_gemma2())
+        # n_ubatch = min(128, 512): SWA PAD(min(4096, 64 + 128), 256) = 256 cells, not 768
+        assert kv_bytes(s, "llamacpp", 4096, **kw).kv == 3 * 512 * 4096 + 3 * 512 * 256
+
     def test_llamacpp_defaults(self):
         assert kv_settings_from_args("llamacpp", ["--ctx-size", "4096"]) == {
             "cache_type_k": "f16", "cache_type_v": "f16", "unified": False, "swa_full": False}

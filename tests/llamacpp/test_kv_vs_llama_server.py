@@ -45,6 +45,7 @@ CASES = {
     "gemma2-w64-c3000-np3-kvu-ub100": ("gemma2", dict(window=64), 3000, 3, ["--kv-unified", "-ub", "100"],
                                        dict(unified=True, ubatch=100)),
     "gemma2-w64-c3000-np3-ub1000": ("gemma2", dict(window=64), 3000, 3, ["-ub", "1000"], dict(ubatch=1000)),
+    "gemma2-w64-c3000-np3-b128": ("gemma2", dict(window=64), 3000, 3, ["-b", "128"], dict(batch=128)),
     "gemma2-w64-c3000-np3-swa-full": ("gemma2", dict(window=64), 3000, 3, ["--swa-full"], dict(swa_full=True)),
     "gemma2-w700-c1000-np2": ("gemma2", dict(window=700), 1000, 2, [], {}),
     # the period's phase shows in the layer counts when block_count is not a multiple of it:
