@@ -43,10 +43,10 @@ def describe(change: Change) -> str:
             asked.append(f"{req['slots']} slots")
         if req.get("max_output"):
             asked.append(f"longest answer {plan.get('max_output_before', '?')} → {req['max_output']}")
-        what = f"refused {change.get_kind_display()} change ({', '.join(asked) or 'nothing asked'}): {change.error}"
+        what = f"refused {change.get_kind_display().lower()} change ({', '.join(asked) or 'nothing asked'}): {change.error}"
     else:
         what = (
-            f"{change.get_kind_display()} change {change.pk} ({change.get_state_display()}): "
+            f"{change.get_kind_display().lower()} change {change.pk} ({change.get_state_display().lower()}): "
             f"context {_numbers(before.get('context_length', 0), after.get('context_length', 0))}, "
             f"longest answer {_numbers(before.get('max_output', 0), after.get('max_output', 0))}"
         )

@@ -335,3 +335,16 @@ def test_an_unknown_source_is_a_programming_error(model, operator, enqueued):
     with pytest.raises(ValueError, match="unknown source"):
         services.request_change(model.name, tokens=16384, user=operator, source="email")
     assert Change.objects.count() == 0
+
+
+def test_the_admin_history_of_the_model_shows_who_what_and_why(model, operator, admin_user, client, enqueued):
+    from django.urls import reverse
+
+    services.request_change(model.name, tokens=16384, message="longer documents", user=operator, source="cli")
+    Change.objects.update(state="succeeded")
+    with pytest.raises(services.Refused):
+        services.request_change(model.name, tokens=100, message="tiny", user=operator, source="api")
+    client.force_login(admin_user)
+    page = client.get(reverse("admin:catalog_model_history", args=[model.pk])).content.decode()
+    assert "context 8192 → 16384" in page and "by operator via CLI" in page and "why: longer documents" in page
+    assert "refused context change" in page and "a context of at least 256 tokens" in page and "why: tiny" in page
