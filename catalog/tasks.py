@@ -15,7 +15,8 @@ from celery.signals import worker_ready
 from django.conf import settings
 
 from catalog import fleet, rollout as rollout_service
-from catalog.fleet import EngineFailed, local
+from catalog.fleet import local
+from catalog.fleet.errors import EngineFailed
 from catalog.models import Node, Replica
 
 log = logging.getLogger(__name__)

@@ -59,3 +59,31 @@ def test_rollout_of_a_vllm_standin_model_and_a_refused_context(catalog_rows, sta
     for r in olds:
         r.refresh_from_db()
         assert r.state == ReplicaState.STOPPED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_engine_that_never_answers_times_out_and_its_whole_group_is_stopped(catalog_rows, settings):
+    # a configured command: a process that starts a child and never listens
+    settings.LLMGW_ENGINE_COMMANDS = {"strata": [
+        "{python}", "-c", "import subprocess, sys, time; print('loading experts...', flush=True); "
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); time.sleep(600)"]}
+    model, profile = catalog_rows("moe", ["--context", "8192"], engine="strata")
+    replica = fleet.start_replica(profile, catalog_rows.node(), profile.args)
+    with pytest.raises(fleet.EngineFailed) as e:
+        fleet.wait_ready(replica, 2)
+    assert "no health and completion within 2 s" in e.value.reason
+    assert "loading experts..." in e.value.log_tail
+    group = [p for p in local.engine_processes()]
+    assert [p["pid"] for p in group] == [replica.pid]
+    children = [int(c) for c in open(f"/proc/{replica.pid}/task/{replica.pid}/children").read().split()]
+    assert len(children) == 1
+    fleet.stop(replica, ReplicaState.FAILED)
+    replica.refresh_from_db()
+    assert replica.state == ReplicaState.FAILED
+    import os
+
+    assert not os.path.exists(f"/proc/{replica.pid}") or not local.pid_is_replica(replica.pid, replica.id)
+    # the engine's child went with its group (gone, or a zombie its new parent has yet to reap)
+    from tests.fleet.helpers import wait_for
+
+    wait_for(lambda: local._zombie(children[0]), 10, "the engine's child to be gone")
