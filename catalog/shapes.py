@@ -158,7 +158,7 @@ def shape_of(model, *, force: bool = False) -> tuple[Shape | None, str]:
             except (TypeError, ValueError):
                 cached = None
         if cached is not None or model.shape_error:
-            ttl = float(getattr(settings, "LLMGW_SHAPE_ERROR_TTL", 60.0))
+            ttl = float(settings.LLMGW_SHAPE_ERROR_TTL)
             fresh = not model.shape_error or model.shape_read_at > timezone.now() - timedelta(seconds=ttl)
             if fresh:
                 return cached, _note_for(cached, model.shape_error or "")

@@ -192,6 +192,8 @@ LLMGW_CLUSTER_FILE = os.environ.get("LLMGW_CLUSTER_FILE", "")
 LLMGW_DEFAULT_MAX_OUTPUT = env_int("LLMGW_DEFAULT_MAX_OUTPUT", 32768)
 LLMGW_MIRROR_ROOT = Path(os.environ.get("LLMGW_MIRROR_ROOT") or DATA_DIR / "mirror").resolve()
 LLMGW_SHAPE_TIMEOUT = env_float("LLMGW_SHAPE_TIMEOUT", 10.0)
+# A shape that could not be read is tried again after this many seconds.
+LLMGW_SHAPE_ERROR_TTL = env_float("LLMGW_SHAPE_ERROR_TTL", 60.0)
 
 # Fleet: which backend starts engines, and the command of each engine kind.
 LLMGW_FLEET_BACKEND = os.environ.get("LLMGW_FLEET_BACKEND", "local")
