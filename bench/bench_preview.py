@@ -220,6 +220,20 @@ def run(n: int) -> None:
     print(f"    of which shape_of        {ms(shape_t)}  (cached)")
     print(f"  plan_view + fragment       {ms(tpl)}")
     print(f"  the rest (middleware, session, auth, form, client) ~ {ms(max(prev_med - svc - tpl, 0))}")
+    # What if the fleet answered "room for a second copy?" for all profiles without queries
+    # (e.g. one query for the model's nodes, done once): the same request, that call stubbed.
+    real = services.fleet_surge_possible
+    services.fleet_surge_possible = lambda profile: True
+    try:
+        whatif_t = []
+        for _ in range(5):
+            whatif_t += measure(client, preview_url, data, n // 5)
+        whatif_q = count_queries(client, preview_url, data)
+    finally:
+        services.fleet_surge_possible = real
+    whatif = statistics.median(whatif_t)
+    print()
+    print(f"what-if, the fleet's check stubbed: median {ms(whatif)}  {whatif / bare_med:.2f}x bare  queries {whatif_q}")
     print()
     print("queries of services.preview:")
     for sql in service_queries:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import SimpleNamespace
 
 from django.core.paginator import Paginator
@@ -22,13 +21,12 @@ from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRedirect, HttpResponseStopPolling, trigger_client_event
 
-from . import services
+from . import fleet, services
 from .choices import ChangeState, Engine, ReplicaState
 from .domain.args import get_arg
 from .domain.shape import Shape
 from .forms import ContextForm, HistoryFilterForm
 from .models import Change, ChangeStep, Model, Replica
-
 
 
 def live_replicas(prefix: str = "") -> Q:
@@ -150,7 +148,6 @@ class ProfileView:
     engine: str
     engine_label: str
     args: SafeString
-    args_changed: bool
     memory: SafeString | None
     restart: str
     restart_label: str
@@ -193,7 +190,6 @@ def plan_view(plan) -> PlanView | None:
                 engine=_get(p, "engine", ""),
                 engine_label=ENGINE_LABELS.get(_get(p, "engine", ""), _get(p, "engine", "")),
                 args=arg_diff(before, after, _get(p, "changed_flags", ()) or ()),
-                args_changed=list(before or ()) != list(after or ()),
                 memory=memory_html(("before", _get(p, "memory_before")), ("after", _get(p, "memory_after"))),
                 restart=restart,
                 restart_label=RESTART_LABELS.get(restart, restart),
@@ -272,29 +268,12 @@ def _bytes(n: int) -> str:
 
 
 def read_log(replica: Replica, lines: int = LOG_LINES) -> str:
-    """The engine's last log lines: the fleet reads them (a replica may run on another
-    machine); until the fleet can, the local log file's tail."""
+    """The engine's last log lines, as the fleet reads them (a replica may run on another
+    machine); a log that cannot be read is said so, not a 500."""
     try:
-        from catalog.fleet import read_log as fleet_read_log
-    except ImportError:
-        fleet_read_log = None
-    try:
-        if fleet_read_log is not None:
-            return fleet_read_log(replica, lines=lines)
-        return _tail(replica.log_path, lines)
-    except Exception as e:  # noqa: BLE001 - a log that cannot be read is said, not a 500
+        return fleet.read_log(replica, lines=lines)
+    except Exception as e:  # noqa: BLE001 - the fleet's backends raise what their transport raises
         return f"(its log could not be read: {e})"
-
-
-def _tail(path: str, lines: int) -> str:
-    if not path:
-        return ""
-    with Path(path).open("rb") as f:
-        f.seek(0, 2)
-        size = f.tell()
-        f.seek(max(0, size - 64 * 1024))
-        text = f.read().decode("utf-8", "replace")
-    return "\n".join(text.splitlines()[-lines:])
 
 
 # ----------------------------------------------------------------------------- pages
