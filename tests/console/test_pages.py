@@ -193,3 +193,30 @@ def test_replica_log_page_shows_the_tail(viewer_client, model, tmp_path):
     missing = Replica.objects.filter(profile__name="cpu").get()
     page = viewer_client.get(reverse("catalog:replica_log", args=[missing.pk]), {"lines": "x"})
     assert page.status_code == 200 and b"no log is kept for it" in page.content
+
+
+def test_model_and_change_pages_cost_the_same_queries_however_many_rows(viewer_client, model, operator):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def queries(url):
+        with CaptureQueriesContext(connection) as ctx:
+            assert viewer_client.get(url).status_code == 200
+        return len(ctx.captured_queries)
+
+    change = Change.objects.create(model=model, kind="context", state="running", source="console", user=operator)
+    node = Replica.objects.first().node
+    for p in model.profiles.all():
+        ChangeStep.objects.create(change=change, position=p.pk, profile=p, node=node, state="done")
+    model_url = reverse("catalog:model_detail", args=[model.name])
+    change_url = reverse("catalog:change_detail", args=[change.pk])
+    few = queries(model_url), queries(change_url)
+
+    for p in model.profiles.all():
+        for slot in range(1, 4):
+            Replica.objects.create(profile=p, node=node, slot=slot, state="ready", endpoint="http://127.0.0.1:1")
+        ChangeStep.objects.create(change=change, position=1000 + p.pk, profile=p, node=node, state="pending")
+    for _ in range(5):
+        Change.objects.create(model=model, kind="context", state="succeeded", source="api", user=operator)
+    assert (queries(model_url), queries(change_url)) == few
+    assert few[0] <= 10 and few[1] <= 8, few
