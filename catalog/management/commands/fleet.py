@@ -58,10 +58,13 @@ class Command(BaseCommand):
 
     def do_up(self, replicas, default_replicas, timeout, **_):
         counts = self._counts(replicas)
-        nodes = list(Node.objects.filter(backend="local"))
+        # this machine's nodes: those whose engines listen on a loopback address
+        nodes = list(Node.objects.filter(host__in=["127.0.0.1", "localhost", "::1"]))
         if not nodes:
-            nodes = [Node.objects.create(name="local", host="127.0.0.1", backend="local")]
-            self.stdout.write("created node 'local' (this machine)")
+            backend = settings.LLMGW_FLEET_BACKEND if settings.LLMGW_FLEET_BACKEND in ("local", "celery") else "local"
+            nodes = [Node.objects.create(name="local", host="127.0.0.1", backend=backend)]
+            self.stdout.write(f"created node 'local' (this machine, backend {backend}"
+                              + (": a worker must consume queue node.local)" if backend == "celery" else ")"))
         started: list[Replica] = []
         for profile in Profile.objects.select_related("model").filter(model__declared=False):
             if not runs_here(profile.engine):
