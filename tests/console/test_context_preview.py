@@ -96,6 +96,7 @@ def test_bad_input_is_a_clear_message_and_writes_nothing(operator_client, model,
     assert response.status_code == 200
     html = response.content.decode()
     assert message in error_of(html, field)
+    assert "→ <strong>" not in html  # no before → after for what was refused before any plan
     assert submit_usable(response) is False
     assert unchanged(model)
 
