@@ -63,6 +63,20 @@ def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None, he
     raise RuntimeError(f"{url} did not answer within {timeout}s")
 
 
+def group_cpu_seconds(pgid: int) -> float:
+    """CPU time (user + system) of every process in a process group: what a target costs,
+    whatever else the machine is doing."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:  # pgrp
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 class Procs:
     def __init__(self):
         self.procs: list[subprocess.Popen] = []
@@ -132,7 +146,7 @@ def start_fake(procs: Procs, tmp: Path) -> tuple[str, str]:
 # --- the router ---------------------------------------------------------------------------------------
 
 
-def start_router(procs: Procs, tmp: Path, engine_url: str, app: str, name: str) -> tuple[str, str]:
+def start_router(procs: Procs, tmp: Path, engine_url: str, app: str, name: str) -> tuple[str, str, int]:
     data = tmp / f"data-{name}"
     data.mkdir()
     env = dict(os.environ, LLMGW_DATA=str(data), DJANGO_SETTINGS_MODULE="llmgw_console.settings", DEBUG="false",
@@ -156,10 +170,10 @@ def start_router(procs: Procs, tmp: Path, engine_url: str, app: str, name: str) 
                      "--no-access-log", "--log-level", "warning"], env=env, cwd=ROOT, log=tmp / f"{name}.log")
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/v1/models", 30, p, headers={"authorization": f"Bearer {key}"})
-    return url, key
+    return url, key, p.pid
 
 
-def start_litellm(procs: Procs, tmp: Path, engine_url: str) -> tuple[str, str] | None:
+def start_litellm(procs: Procs, tmp: Path, engine_url: str) -> tuple[str, str, int] | None:
     exe = LITELLM_VENV / "bin" / "litellm"
     if not exe.exists():
         print(f"# LiteLLM not found at {exe}: skipped", file=sys.stderr)
@@ -182,7 +196,7 @@ def start_litellm(procs: Procs, tmp: Path, engine_url: str) -> tuple[str, str] |
                     env=env, cwd=tmp, log=tmp / "litellm.log")
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/health/liveliness", 120, p)
-    return url, key
+    return url, key, p.pid
 
 
 # --- the load -----------------------------------------------------------------------------------------
@@ -204,7 +218,7 @@ async def one(client: httpx.AsyncClient, url: str, headers: dict, body: bytes, s
     return time.perf_counter() - start
 
 
-async def run_load(base: str, key: str | None, stream: bool, clients: int, total: int) -> dict:
+async def run_load(base: str, key: str | None, stream: bool, clients: int, total: int, pgid: int | None) -> dict:
     url = base + "/v1/chat/completions"
     headers = {"content-type": "application/json"}
     if key:
@@ -228,15 +242,18 @@ async def run_load(base: str, key: str | None, stream: bool, clients: int, total
                     if failures <= 3:
                         print(f"#   failure: {e}", file=sys.stderr)
 
+        cpu0 = group_cpu_seconds(pgid) if pgid else 0.0
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(clients)))
         elapsed = time.perf_counter() - start
+        cpu = group_cpu_seconds(pgid) - cpu0 if pgid else 0.0
     latencies.sort()
     return {
         "median_ms": statistics.median(latencies) * 1000,
         "p90_ms": latencies[int(len(latencies) * 0.9) - 1] * 1000,
         "rps": len(latencies) / elapsed,
         "n": len(latencies),
+        "cpu_ms": cpu * 1000 / max(1, len(latencies)),
         "failures": failures,
     }
 
@@ -258,7 +275,7 @@ def main() -> int:
         use_llama = args.upstream == "llama" or (
             args.upstream == "auto" and llama_server_binary() and (ROOT / "catalog/fleet/tiny_gguf.py").exists())
         engine_url, engine_desc = (start_llama if use_llama else start_fake)(procs, tmp)
-        targets = {"direct": (engine_url, None)}
+        targets = {"direct": (engine_url, None, None)}
         targets["router"] = start_router(procs, tmp, engine_url, "llmgw_console.asgi:application", "router")
         if args.django:
             targets["router-django"] = start_router(procs, tmp, engine_url, "llmgw_console.asgi:django_application", "router-django")
@@ -269,15 +286,16 @@ def main() -> int:
         print(f"# engine: {engine_desc}")
         print(f"# max_tokens {MAX_TOKENS}; {args.requests} requests at 1 client, {args.per_client} per client at {args.clients}")
         results: dict = {}
-        print(f"{'target':<14} {'mode':<10} {'clients':>7} {'median ms':>10} {'p90 ms':>8} {'req/s':>8} {'fail':>5}")
+        print(f"{'target':<14} {'mode':<7} {'clients':>7} {'median ms':>10} {'p90 ms':>8} {'req/s':>8} {'cpu ms/req':>10} {'fail':>5}")
         for stream in (False, True):
             mode = "stream" if stream else "json"
             for clients, total in ((1, args.requests), (args.clients, args.clients * args.per_client)):
-                for name, (url, key) in targets.items():
-                    r = asyncio.run(run_load(url, key, stream, clients, total))
+                for name, (url, key, pgid) in targets.items():
+                    r = asyncio.run(run_load(url, key, stream, clients, total, pgid))
                     results[(name, mode, clients)] = r
-                    print(f"{name:<14} {mode:<10} {clients:>7} {r['median_ms']:>10.2f} {r['p90_ms']:>8.2f} "
-                          f"{r['rps']:>8.1f} {r['failures']:>5}", flush=True)
+                    cpu = f"{r['cpu_ms']:>10.2f}" if pgid else f"{'-':>10}"
+                    print(f"{name:<14} {mode:<7} {clients:>7} {r['median_ms']:>10.2f} {r['p90_ms']:>8.2f} "
+                          f"{r['rps']:>8.1f} {cpu} {r['failures']:>5}", flush=True)
         print()
         summary = []
         for mode in ("json", "stream"):
@@ -290,9 +308,11 @@ def main() -> int:
                     ratio = added[n] / added["litellm"] if added["litellm"] > 0 else float("nan")
                     tput = results[(n, mode, args.clients)]["rps"] / results[("litellm", mode, args.clients)]["rps"]
                     ok = ratio <= 1 / 3 and tput >= 1
+                    cpu = results[(n, mode, 1)]["cpu_ms"] / results[("litellm", mode, 1)]["cpu_ms"]
                     summary.append((n, mode, ratio, tput, ok))
                     print(f"  {n}/litellm: added latency ratio {ratio:.3f} (goal <= 0.333), "
-                          f"throughput ratio at {args.clients} clients {tput:.2f} (goal >= 1) -> {'MET' if ok else 'NOT MET'}")
+                          f"throughput ratio at {args.clients} clients {tput:.2f} (goal >= 1) -> {'MET' if ok else 'NOT MET'}; "
+                          f"CPU per request ratio {cpu:.3f}")
         if args.json:
             Path(args.json).write_text(json.dumps({"engine": engine_desc, "results": {"|".join(map(str, k)): v for k, v in results.items()}}, indent=1))
         return 0 if all(s[4] for s in summary) else 1

@@ -98,7 +98,10 @@ async def serve(scope, receive, send) -> None:
         return
     reply = await gateway.handle_completion(kind, authorization, raw)
     if reply.chunks is None:
-        return await _send_reply(send, reply)
+        try:
+            return await _send_reply(send, reply)
+        finally:
+            await reply.aclose()  # the in-flight count drops once the answer is out
 
     # A stream: watch for the client leaving, and stop relaying (and release) when it does.
     task = asyncio.current_task()

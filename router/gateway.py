@@ -4,12 +4,24 @@ in-flight count, the call to the engine, one retry (SPEC §6).
 `handle_completion` and `list_models` return a `Reply`; `router.asgi` (the web process's
 `/v1/`) and `router.views` (Django's URLconf, for WSGI and the test client) only move bytes.
 
-Per request: the key is checked against a cache of at most `KEY_CACHE_SECONDS`; the model and
-its `ready` replicas are read from the database (so a replica marked `draining` gets no new
-request once its row says so, and a `max_output` change applies to the next request); one Redis
-round trip picks the least-loaded replica and counts the request (`INCR llmgw:inflight:<id>`,
-a Lua script, atomic across router processes); the count is lowered again when the answer has
-been sent, failed, or its client went away.
+Per request, in the common case, no database query and two Redis round trips:
+
+- the key is checked against a cache of at most `KEY_CACHE_SECONDS`;
+- the model's `max_output` and its `ready` replicas come from a per-process cache of at most
+  `ROUTE_CACHE_SECONDS`, stamped with the Redis key `llmgw:routes:version` read before the
+  database was;
+- one Lua script (one round trip, atomic across router processes) checks that version is
+  still current and, if so, picks the replica with the fewest requests in flight and counts
+  this one on it (`INCR llmgw:inflight:<id>`); if not, the route is read again and the pick
+  repeated;
+- the count is lowered (`DECR`) once the answer has been sent, failed, or its client left.
+
+Every save of a replica, model or key bumps the version after its commit (router/apps.py).
+So when the fleet marks a replica `draining` and then waits for its count to reach 0: either
+our pick ran before the bump, and its INCR is already there for the drain to see, or it ran
+after, saw the new version, and read the replica's new state. No request reaches a replica
+after its drain saw nothing in flight. A save that skips signals (`QuerySet.update`) is seen
+within `ROUTE_CACHE_SECONDS`.
 """
 
 from __future__ import annotations
@@ -36,7 +48,9 @@ from .models import hash_key
 log = logging.getLogger("llmgw.router")
 
 INFLIGHT_KEY = "llmgw:inflight:{}"  # the fleet's drain waits on this: keep the name
+ROUTES_VERSION_KEY = "llmgw:routes:version"
 KEY_CACHE_SECONDS = 1.0
+ROUTE_CACHE_SECONDS = 1.0
 RETRY_AFTER_SECONDS = 2
 UPSTREAM_TIMEOUT = httpx.Timeout(
     connect=float(os.environ.get("LLMGW_ROUTER_CONNECT_TIMEOUT", 5)),
@@ -46,16 +60,18 @@ UPSTREAM_TIMEOUT = httpx.Timeout(
 )
 UPSTREAM_LIMITS = httpx.Limits(max_connections=512, max_keepalive_connections=128, keepalive_expiry=30)
 
-# Least in flight among the candidates (KEYS, in the order given), then count one more on it.
-# Returns the 1-based index of the chosen key.
+# KEYS[1] is the routes' version, KEYS[2..] the candidates' in-flight counts. When the version
+# is still ARGV[1]: count one more on the candidate with the fewest in flight (the first of
+# equals) and return its 0-based position; else count nothing and return -1.
 PICK_AND_COUNT = """
-local best, fewest = 1, nil
-for i, key in ipairs(KEYS) do
-  local n = tonumber(redis.call('GET', key) or '0')
+if (redis.call('GET', KEYS[1]) or '0') ~= ARGV[1] then return -1 end
+local best, fewest = 2, nil
+for i = 2, #KEYS do
+  local n = tonumber(redis.call('GET', KEYS[i]) or '0')
   if fewest == nil or n < fewest then best, fewest = i, n end
 end
 redis.call('INCR', KEYS[best])
-return best
+return best - 2
 """
 
 HOP_BY_HOP = {
@@ -200,6 +216,7 @@ async def _db_read(fn, *args):
 
 
 _keys: dict[str, tuple[float, KeyInfo | None]] = {}
+_routes: dict[str, tuple[float, str, Route | None]] = {}  # model name -> (expires, version, route)
 
 
 async def authenticate(authorization: str | None) -> KeyInfo:
@@ -272,18 +289,54 @@ async def shutdown() -> None:
         await found.aclose()
 
 
-async def _take(c: _LoopClients, candidates: list[tuple[int, str]]) -> tuple[int, str]:
-    """Choose the candidate with the fewest requests in flight and count this one on it."""
+class _Stale(Exception):
+    """The routes changed since they were read: read them again."""
+
+
+async def _version(c: _LoopClients) -> str:
+    try:
+        value = await c.counter().get(ROUTES_VERSION_KEY)
+    except aioredis.RedisError:
+        raise _counter_unavailable() from None
+    return value.decode() if value is not None else "0"
+
+
+def _counter_unavailable() -> RouterError:
+    log.exception("router: Redis is unavailable, refusing rather than routing uncounted")
+    return RouterError(503, "The gateway cannot count requests in flight right now; try again shortly.",
+                       "server_error", "counter_unavailable", headers=[(b"retry-after", str(RETRY_AFTER_SECONDS).encode())])
+
+
+async def _load_route(c: _LoopClients, name: str) -> tuple[Route | None, str]:
+    version = await _version(c)  # before the database: a bump in between only costs a re-read
+    route = await _db_read(_read_route, name)
+    if len(_routes) > 10_000:
+        _routes.clear()
+    _routes[name] = (time.monotonic() + ROUTE_CACHE_SECONDS, version, route)
+    return route, version
+
+
+async def _route(c: _LoopClients, name: str) -> tuple[Route | None, str]:
+    hit = _routes.get(name)
+    if hit is not None and hit[0] > time.monotonic():
+        return hit[2], hit[1]
+    return await _load_route(c, name)
+
+
+async def _take(c: _LoopClients, candidates: list[tuple[int, str]], version: str) -> tuple[int, str]:
+    """Choose the candidate with the fewest requests in flight and count this one on it;
+    _Stale when the routes changed since `version`."""
     c.counter()
     if len(candidates) > 1:
-        candidates = random.sample(candidates, len(candidates))  # ties spread, not always the first
+        candidates = random.sample(candidates, len(candidates))  # equals spread, not always the first
     try:
-        index = await c.pick(keys=[INFLIGHT_KEY.format(rid) for rid, _ in candidates])
+        index = int(await c.pick(keys=[ROUTES_VERSION_KEY] + [INFLIGHT_KEY.format(rid) for rid, _ in candidates],
+                                 args=[version]))
     except aioredis.RedisError:
-        log.exception("router: Redis is unavailable, refusing rather than routing uncounted")
-        raise RouterError(503, "The gateway cannot count requests in flight right now; try again shortly.",
-                          "server_error", "counter_unavailable", headers=[(b"retry-after", str(RETRY_AFTER_SECONDS).encode())])
-    return candidates[int(index) - 1]
+        raise _counter_unavailable() from None
+    if index < 0:
+        raise _Stale
+    return candidates[index]
 
 
 def _release(c: _LoopClients, replica_id: int):
@@ -328,46 +381,88 @@ async def handle_completion(kind: str, authorization: str | None, raw: bytes) ->
         name = body["model"]
         if not key.allows(name):
             raise _no_such_model(name)
-        route = await _db_read(_read_route, name)
-        if route is None:
-            raise _no_such_model(name)
-        if rq.clamp(body, route.max_output):
-            raw = rq.encode(body)
-        if not route.replicas:
-            raise RouterError(503, f"No replica of `{name}` is ready; try again shortly.", "server_error",
-                              "no_ready_replica", headers=[(b"retry-after", str(RETRY_AFTER_SECONDS).encode())])
-        return await _forward(PATHS[kind], raw, bool(body.get("stream")), list(route.replicas))
+        c = clients()
+        route, version = await _route(c, name)
+        if route is None or not route.replicas:
+            if await _version(c) != version:  # a refusal is worth a fresh look
+                route, version = await _load_route(c, name)
+            if route is None:
+                raise _no_such_model(name)
+        return await _forward(c, name, PATHS[kind], _Payload(body, raw), bool(body.get("stream")), route, version)
     except RouterError as e:
         return e.reply()
 
 
-async def _forward(path: str, raw: bytes, stream: bool, candidates: list[tuple[int, str]]) -> Reply:
-    c = clients()
-    last_error = None
+def _no_replica(name: str) -> RouterError:
+    return RouterError(503, f"No replica of `{name}` is ready; try again shortly.", "server_error",
+                       "no_ready_replica", headers=[(b"retry-after", str(RETRY_AFTER_SECONDS).encode())])
+
+
+class _Payload:
+    """The body for the engine, capped by the route's max_output (computed once per cap)."""
+
+    def __init__(self, body: dict, raw: bytes):
+        self.body, self.raw, self._for = body, raw, {}
+
+    def capped(self, max_output: int) -> bytes:
+        found = self._for.get(max_output)
+        if found is None:
+            body = dict(self.body)
+            found = self._for[max_output] = rq.encode(body) if rq.clamp(body, max_output) else self.raw
+        return found
+
+
+async def _take_fresh(c, name: str, route: Route, version: str, failed: set[int]) -> tuple[tuple[int, str], Route, str]:
+    """Pick among the route's replicas that have not failed this request, re-reading the route
+    as long as it changed under us (a few times at most). Returns the pick and the route."""
+    for _ in range(5):
+        candidates = [r for r in route.replicas if r[0] not in failed]
+        if not candidates:
+            raise _no_replica(name) if not failed else _NoOther
+        try:
+            return await _take(c, candidates, version), route, version
+        except _Stale:
+            route, version = await _load_route(c, name)
+            if route is None:
+                raise _no_such_model(name)
+    raise _no_replica(name)
+
+
+class _NoOther(Exception):
+    """No ready replica left to retry on."""
+
+
+async def _forward(c: _LoopClients, name: str, path: str, payload: _Payload, stream: bool, route: Route, version: str) -> Reply:
+    failed: set[int] = set()
+    last: Reply | None = None
+    last_error: Exception | None = None
     for attempt in (1, 2):
-        replica_id, endpoint = await _take(c, candidates)
+        try:
+            (replica_id, endpoint), route, version = await _take_fresh(c, name, route, version, failed)
+        except _NoOther:
+            break
         release = _release(c, replica_id)
         response = None
         try:
             request = c.http.build_request(
-                "POST", _engine_url(endpoint, path), content=raw,
+                "POST", _engine_url(endpoint, path), content=payload.capped(route.max_output),
                 headers={"content-type": "application/json", "accept": "text/event-stream" if stream else "application/json"},
             )
             response = await c.http.send(request, stream=True)
-            others = [cand for cand in candidates if cand[0] != replica_id]
-            if response.status_code >= 500 and attempt == 1 and others:
-                log.warning("router: replica %s answered %s; retrying on another", replica_id, response.status_code)
-                await response.aclose()
-                await release()
-                candidates = others
-                continue
             streaming = stream or response.headers.get("content-type", "").startswith("text/event-stream")
-            if not streaming:
+            if response.status_code >= 500 or not streaming:
                 # Read the whole answer before sending any of it: a failure here can still be retried.
                 content = b"".join([chunk async for chunk in response.aiter_raw()])
                 await response.aclose()
-                await release()
-                return Reply(response.status_code, _reply_headers(response, replica_id), content)
+                reply = Reply(response.status_code, _reply_headers(response, replica_id), content)
+                reply._closers = [release]
+                if response.status_code >= 500 and attempt == 1:
+                    log.warning("router: replica %s answered %s; retrying on another", replica_id, response.status_code)
+                    await reply.aclose()
+                    failed.add(replica_id)
+                    last = Reply(reply.status, reply.headers, reply.body)
+                    continue
+                return reply
             reply = Reply(response.status_code, _reply_headers(response, replica_id))
             reply.chunks = _relay(response, replica_id)
             reply._closers = [response.aclose, release]
@@ -376,18 +471,16 @@ async def _forward(path: str, raw: bytes, stream: bool, candidates: list[tuple[i
             if response is not None:
                 await response.aclose()
             await release()
+            failed.add(replica_id)
             last_error = e
-            others = [cand for cand in candidates if cand[0] != replica_id]
             log.warning("router: replica %s failed (%s: %s)", replica_id, type(e).__name__, e)
-            if attempt == 1 and others:
-                candidates = others
-                continue
-            break
         except BaseException:
             if response is not None:
                 await asyncio.shield(response.aclose())
             await asyncio.shield(release())
             raise
+    if last is not None and last_error is None:
+        return last  # the engine's own 5xx, passed on when no other replica could answer
     raise RouterError(502, f"The model's replica did not answer ({type(last_error).__name__}); try again.",
                       "server_error", "upstream_unavailable", headers=[(b"retry-after", str(RETRY_AFTER_SECONDS).encode())])
 

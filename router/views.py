@@ -17,6 +17,8 @@ from . import gateway
 
 async def _respond(request, reply: gateway.Reply):
     if isinstance(request, ASGIRequest):
+        if reply.chunks is None:
+            await reply.aclose()
         return _response(reply)
     # Under WSGI each async view runs in an event loop of its own that ends with it: the
     # engine's answer is read here, whole, and the loop's clients are closed with it.

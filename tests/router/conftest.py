@@ -87,7 +87,7 @@ def engines():
 
 
 @pytest.fixture
-def make_model(transactional_db):
+def make_model(transactional_db, counts):  # counts first: saves bump the routes' version in its Redis
     """make_model("m", max_output=8, replicas=[(engine_or_url, "ready"), …]) -> (Model, [Replica, …])."""
     from catalog.models import Model, Node, Profile, Replica
 
@@ -107,7 +107,7 @@ def make_model(transactional_db):
 
 
 @pytest.fixture
-def api_key(transactional_db):
+def api_key(transactional_db, counts):
     """A key for every model: (ApiKey, the key)."""
     from router.models import ApiKey
 
@@ -125,3 +125,12 @@ def chat(model="m", **extra) -> dict:
 
 def inflight(client: redis.Redis, replica) -> int:
     return int(client.get(f"llmgw:inflight:{replica.pk}") or 0)
+
+
+def settled(client: redis.Redis, replica, expected: int = 0, timeout: float = 3.0) -> int:
+    """The replica's in-flight count once it reaches `expected` (or the timeout passes). The
+    router lowers it just after the answer has gone out, so a client may see it a moment later."""
+    deadline = time.monotonic() + timeout
+    while (value := inflight(client, replica)) != expected and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return value

@@ -1,6 +1,7 @@
 """The longest answer: max_tokens / max_completion_tokens held to the model's max_output."""
 
 import json
+import time
 
 import pytest
 
@@ -70,12 +71,20 @@ def test_a_max_output_change_applies_to_the_next_request(router, auth, engines, 
     make_model("m", max_output=64, replicas=[(engine, "ready")])
     assert router.post("/v1/chat/completions", json=chat(max_tokens=500), headers=auth).status_code == 200
     assert engine.received[-1]["max_tokens"] == 64
-    Model.objects.filter(name="m").update(max_output=200)
+    model = Model.objects.get(name="m")
+    model.max_output = 200
+    model.save()
     assert router.post("/v1/chat/completions", json=chat(max_tokens=500), headers=auth).status_code == 200
     assert engine.received[-1]["max_tokens"] == 200
-    Model.objects.filter(name="m").update(max_output=0)  # no limit: the client's own value goes through
+    model.max_output = 0  # no limit: the client's own value goes through
+    model.save()
     assert router.post("/v1/chat/completions", json=chat(max_tokens=500), headers=auth).status_code == 200
     assert engine.received[-1]["max_tokens"] == 500
+    # A change that skips save() (a bulk update) is seen within the route cache's second.
+    Model.objects.filter(name="m").update(max_output=100)
+    time.sleep(1.1)
+    assert router.post("/v1/chat/completions", json=chat(max_tokens=500), headers=auth).status_code == 200
+    assert engine.received[-1]["max_tokens"] == 100
 
 
 def test_an_unchanged_body_goes_through_byte_for_byte(router, auth, engines, make_model):
