@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from urllib.parse import quote
@@ -24,15 +25,9 @@ REDIS_DB = int(os.environ.get("LLMGW_TEST_REDIS_DB", "13"))
 _base = settings.REDIS_URL.rsplit("/", 1)[0] if settings.REDIS_URL.count("/") >= 3 else settings.REDIS_URL
 TEST_REDIS_URL = f"{_base}/{REDIS_DB}"
 TEST_QUEUE = f"llmgw-fleet-test-{os.getpid()}"
+ROOT = Path(__file__).resolve().parents[2]
 
-# Before anything sends a task: broker, results and default queue of the test process.
-settings.REDIS_URL = TEST_REDIS_URL
-settings.CELERY_BROKER_URL = TEST_REDIS_URL
-settings.CELERY_RESULT_BACKEND = TEST_REDIS_URL
-settings.CELERY_TASK_DEFAULT_QUEUE = TEST_QUEUE
-celery_app.conf.update(broker_url=TEST_REDIS_URL, result_backend=TEST_REDIS_URL, task_default_queue=TEST_QUEUE)
-
-# Short timeouts: failures show up in seconds, not minutes.
+# Short timeouts: failures show up in seconds, not minutes. Workers get them as environment.
 FLEET_SETTINGS = {
     "LLMGW_READY_TIMEOUT": "30",
     "LLMGW_DRAIN_TIMEOUT": "30",
@@ -40,21 +35,50 @@ FLEET_SETTINGS = {
     "LLMGW_ROLLOUT_LOCK_TTL": "4",
     "LLMGW_SWEEP_GRACE": "2",
 }
-for _k, _v in FLEET_SETTINGS.items():
-    setattr(settings, _k, float(_v))
 
-ROOT = Path(__file__).resolve().parents[2]
+# A test database the workers can open too. This must happen before the session's database
+# is set up, so at collection: a file instead of SQLite's in-memory test database, a name of
+# its own on PostgreSQL (another run's test database is never touched).
+_db = settings.DATABASES["default"]
+_test = _db.setdefault("TEST", {})
+if not _test.get("NAME"):
+    if _db["ENGINE"].endswith("sqlite3"):
+        _test["NAME"] = str(Path(tempfile.mkdtemp(prefix="llmgw-fleet-db-")) / "test.sqlite3")
+    else:
+        _test["NAME"] = f"test_{_db['NAME']}_fleet_{os.getpid()}"
 
 
-@pytest.fixture(scope="session")
-def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix, tmp_path_factory):
-    """A test database other processes can open: a file for SQLite, a private name for PostgreSQL."""
-    db = settings.DATABASES["default"]
-    test = db.setdefault("TEST", {})
-    if db["ENGINE"].endswith("sqlite3"):
-        test["NAME"] = str(tmp_path_factory.mktemp("fleetdb") / "test.sqlite3")
-    elif not test.get("NAME"):
-        test["NAME"] = f"test_{db['NAME']}_fleet_{os.getpid()}"
+def _configure_celery(broker: str, backend: str, queue: str) -> None:
+    """Point this process's Celery app elsewhere, dropping connections made before."""
+    celery_app.conf.update(broker_url=broker, result_backend=backend, task_default_queue=queue)
+    if celery_app._pool is not None:
+        celery_app._pool.force_close_all()
+        celery_app._pool = None
+    celery_app.amqp._producer_pool = None
+    if getattr(celery_app._local, "backend", None) is not None:
+        del celery_app._local.backend
+
+
+@pytest.fixture(scope="package", autouse=True)
+def _private_redis_and_queue():
+    """For the fleet's tests only: a private Redis database and default queue (this process
+    and its workers), and short timeouts; all put back afterwards."""
+    from django.test.utils import override_settings
+
+    over = override_settings(REDIS_URL=TEST_REDIS_URL, CELERY_BROKER_URL=TEST_REDIS_URL,
+                             CELERY_RESULT_BACKEND=TEST_REDIS_URL, CELERY_TASK_DEFAULT_QUEUE=TEST_QUEUE,
+                             **{k: float(v) for k, v in FLEET_SETTINGS.items()})
+    before = (celery_app.conf.broker_url, celery_app.conf.result_backend, celery_app.conf.task_default_queue)
+    over.enable()
+    _configure_celery(TEST_REDIS_URL, TEST_REDIS_URL, TEST_QUEUE)
+    import redis
+
+    r = redis.Redis.from_url(TEST_REDIS_URL)
+    for q in (TEST_QUEUE, "node.a", "node.b"):  # nothing left from an interrupted run
+        r.delete(q)
+    yield
+    over.disable()
+    _configure_celery(*before)
 
 
 def database_url() -> str:
@@ -136,17 +160,6 @@ def start_worker(transactional_db, tmp_path):
     yield start
     for w in started:
         w.stop()
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _private_queues_empty():
-    """Nothing left over in the private queues from an earlier, interrupted run."""
-    import redis
-
-    r = redis.Redis.from_url(TEST_REDIS_URL)
-    for q in (TEST_QUEUE, "node.a", "node.b"):
-        r.delete(q)
-    yield
 
 
 @pytest.fixture(scope="session")
