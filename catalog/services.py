@@ -16,7 +16,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Prefetch
 from django.utils import timezone
 
-from catalog import audit
+from catalog import audit, tasks
 from catalog.choices import ChangeKind, ChangeState, Engine, Source
 from catalog.domain.args import get_int
 from catalog.fleet import surge_possible as fleet_surge_possible
@@ -205,8 +205,6 @@ def _enqueue_rollout(change_id: int) -> None:
     change stays queued and the periodic sweeper (catalog.tasks.sweep_queued_changes) queues
     it again once it is back, so the request still succeeds."""
     try:
-        from catalog import tasks
-
         tasks.rollout.apply_async((change_id,), retry=False)
     except Exception:  # noqa: BLE001 - a broker down must not fail a committed change
         log.warning("change %s: the rollout could not be queued now; the sweeper will queue it", change_id, exc_info=True)
