@@ -440,7 +440,11 @@ async def _forward(c: _LoopClients, name: str, path: str, payload: _Payload, str
         try:
             (replica_id, endpoint), route, version = await _take_fresh(c, name, route, version, failed)
         except _NoOther:
-            break
+            if last_error is None:
+                break
+            # No other replica: a connection that broke before any answer (an engine closing an
+            # idle keep-alive connection as we reused it) is tried once more on the same one.
+            (replica_id, endpoint), route, version = await _take_fresh(c, name, route, version, set())
         release = _release(c, replica_id)
         response = None
         try:

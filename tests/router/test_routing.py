@@ -131,6 +131,20 @@ def test_connection_refused_everywhere_is_a_clean_502(router, auth, make_model, 
     assert all(settled(counts, row) == 0 for row in rows)
 
 
+def test_a_lone_replica_dropping_the_connection_is_tried_once_more(router, auth, engines, make_model, counts):
+    (engine,) = engines("a")
+    _, (row,) = make_model("m", replicas=[(engine, "ready")])
+    engine.mode = "drop-once"
+    r = post(router, auth)
+    assert r.status_code == 200 and len(engine.received) == 2
+    engine.mode = "error500"  # an engine's own 5xx is not retried on the same replica
+    assert post(router, auth).status_code == 500 and len(engine.received) == 3
+    engine.mode = "drop"  # and a connection failing twice ends there
+    r = post(router, auth)
+    assert r.status_code == 502 and len(engine.received) == 5
+    assert settled(counts, row) == 0
+
+
 def test_an_unknown_model_is_404(router, auth, engines, make_model):
     (engine,) = engines("a")
     make_model("m", replicas=[(engine, "ready")])

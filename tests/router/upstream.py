@@ -17,7 +17,7 @@ class FakeEngine:
     def __init__(self, name: str = "engine", tokens: int = 3):
         self.name = name
         self.tokens = tokens  # how many content chunks a stream sends
-        self.mode = "ok"  # ok | error500 | drop
+        self.mode = "ok"  # ok | error500 | drop | drop-once (the next request only)
         self.received: list[dict] = []  # bodies of the completion requests, in order
         self.gate: threading.Event | None = None  # when set: a stream waits for it after its first chunk
         self.chunk_delay = 0.0
@@ -95,6 +95,9 @@ class FakeEngine:
         self.received.append(request)
         if self.mode == "drop":
             return False  # close without a word
+        if self.mode == "drop-once":
+            self.mode = "ok"
+            return False
         if self.mode == "error500":
             return await self._json(writer, 500, {"error": {"message": f"{self.name} is broken", "type": "server_error"}})
         self.active += 1
