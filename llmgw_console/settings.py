@@ -161,6 +161,13 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "The catalog of served models, and safe changes of their context.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The schema is an API call like the others: a token or a session.
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+    "ENUM_NAME_OVERRIDES": {
+        "ChangeStateEnum": "catalog.choices.ChangeState",
+        "ReplicaStateEnum": "catalog.choices.ReplicaState",
+        "StepStateEnum": "catalog.choices.StepState",
+    },
 }
 
 # --- Redis and Celery ---------------------------------------------------------

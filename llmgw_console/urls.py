@@ -10,7 +10,8 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("catalog.api.urls")),
     path("v1/", include("router.urls")),
-    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    # DRF authenticates these (token or session), so the console's login redirect stays out.
+    path("api/schema/", login_not_required(SpectacularAPIView.as_view()), name="schema"),
     path("api/schema/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="schema-docs"),
     path("", include("catalog.urls")),
 ]

@@ -370,3 +370,16 @@ def test_create_api_token_command(operator, capsys):
     User.objects.filter(pk=operator.pk).update(is_active=False)
     with pytest.raises(CommandError, match="not active"):
         call_command("create_api_token", "operator")
+
+
+def test_schema_needs_a_token_or_a_session_and_has_no_warnings(view, viewer):
+    assert APIClient().get("/api/schema/").status_code == 401
+    response = view.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
+    assert response.status_code == 200
+    schema = response.json()
+    assert "/api/v1/models/{name}/context" in schema["paths"]
+    enums = schema["components"]["schemas"]
+    assert {"ChangeStateEnum", "ReplicaStateEnum", "StepStateEnum"} <= set(enums)
+    session = APIClient()
+    session.force_login(viewer)
+    assert session.get("/api/schema/docs/").status_code == 200
