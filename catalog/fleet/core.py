@@ -35,6 +35,9 @@ __all__ = [
 ]
 
 ACTIVE = (ReplicaState.STARTING, ReplicaState.READY, ReplicaState.DRAINING)
+# An engine younger than this is never taken for untracked: its starter's transaction
+# (spawn, then its record) may still be open.
+UNTRACKED_GRACE = 20.0
 
 
 def _backend(node: Node):
@@ -255,6 +258,8 @@ def reconcile_here(nodes) -> list[str]:
     tracked = {r.id: r for r in Replica.objects.filter(id__in=list(by_replica))}
     for p in procs:
         r = tracked.get(p["replica_id"])
+        if p["age"] < UNTRACKED_GRACE:  # its starter may not have committed its record yet
+            continue
         if r is None or r.state not in ACTIVE or (r.pid and r.pid != p["pid"]):
             local.kill_group(p["pid"], settings.LLMGW_STOP_GRACE)
             why = "no such replica" if r is None else f"replica is {r.state}" if r.state not in ACTIVE else f"replica runs as pid {r.pid}"

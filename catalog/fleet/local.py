@@ -80,6 +80,16 @@ def _reap(pid: int) -> None:
         _children.pop(pid, None)
 
 
+def process_age(pid: int) -> float:
+    """Seconds since the process started (0 when it is gone)."""
+    try:
+        start_ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+
+
 def pid_is_replica(pid: int | None, replica_id: int) -> bool:
     """Whether pid is alive and is the engine of that replica (not a reused pid)."""
     if not pid:
@@ -114,7 +124,8 @@ def engine_processes() -> list[dict]:
             continue
         if pgid != pid:  # a child of an engine: its group leader is the engine
             continue
-        found.append({"pid": pid, "replica_id": int(env["LLMGW_REPLICA_ID"]), "node": env.get("LLMGW_NODE", "")})
+        found.append({"pid": pid, "replica_id": int(env["LLMGW_REPLICA_ID"]), "node": env.get("LLMGW_NODE", ""),
+                      "age": process_age(pid)})
     return found
 
 

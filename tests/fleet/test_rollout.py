@@ -218,13 +218,23 @@ def test_two_nodes_each_served_by_its_own_worker_and_queue(catalog_rows, start_w
     assert log.startswith("$ ") and "--ctx-size 4096" in log
 
 
-def test_reconcile_marks_a_killed_replica_restarts_it_and_stops_untracked_engines(catalog_rows):
+def test_reconcile_marks_a_killed_replica_restarts_it_and_stops_untracked_engines(catalog_rows, monkeypatch):
+    from catalog.fleet import core
+
     model, profile = catalog_rows("tiny", OLD)
     node = catalog_rows.node()
     r1, r2, r3 = up(profile, node, 3)
     os.kill(r1.pid, signal.SIGKILL)
     wait_for(lambda: not local.alive(r1), 10, "the engine to die")
     Replica.objects.filter(id=r3.id).delete()  # the database forgets r3; its engine still runs
+
+    # an engine seconds old may be one whose starter has not committed its record yet: spared
+    monkeypatch.setattr(core, "UNTRACKED_GRACE", 60.0)
+    first = fleet.reconcile()
+    assert not any("untracked" in m for m in first), first
+    assert any(f"replica {r1.id}" in m and "restarted" in m for m in first), first
+    assert local.pid_is_replica(r3.pid, r3.id)
+    monkeypatch.setattr(core, "UNTRACKED_GRACE", 0.0)
 
     msgs = fleet.reconcile()
 
@@ -237,7 +247,6 @@ def test_reconcile_marks_a_killed_replica_restarts_it_and_stops_untracked_engine
     assert r2.state == ReplicaState.READY and local.alive(r2)
     assert not local.pid_is_replica(r3.pid, r3.id)
     assert any(f"pid {r3.pid}" in m and "untracked" in m for m in msgs), msgs
-    assert any(f"replica {r1.id}" in m and "restarted" in m for m in msgs), msgs
     assert {p["pid"] for p in local.engine_processes()} == {r2.pid, replacement.pid}
     assert fleet.reconcile() == []  # nothing left to fix
 
