@@ -249,7 +249,7 @@ def run_step(change: Change, step: ChangeStep, total: int, profile: Profile | No
             _take_down(step, old)
         outcome = _bring_up(step, profile, target, slot, total, old)
         if not outcome.ok:
-            _set_step(step, StepState.FAILED, finished_at=timezone.now())
+            _set_step(step, StepState.FAILED, started_at=step.started_at, finished_at=timezone.now())
             if step.policy == RestartPolicy.IN_PLACE and old is not None:
                 _restore(step, old)
             return outcome

@@ -137,6 +137,7 @@ def test_a_context_llama_cpp_refuses_fails_old_replicas_keep_serving_and_rollbac
     assert 'error while handling argument "--ctx-size"' in failed.error  # llama-server's own last log lines
     steps = list(failed.steps.order_by("position"))
     assert [s.state for s in steps] == [StepState.FAILED, StepState.PENDING]
+    assert steps[0].started_at and steps[0].finished_at and steps[1].started_at is None
     new = steps[0].new_replica
     assert new.state == ReplicaState.FAILED and 'error while handling argument "--ctx-size"' in new.error
     assert not local.pid_is_replica(new.pid, new.id)
