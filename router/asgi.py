@@ -96,14 +96,9 @@ async def serve(scope, receive, send) -> None:
         return await _send_reply(send, gateway.too_large(limit))
     except _Gone:
         return
-    reply = await gateway.handle_completion(kind, authorization, raw)
-    if reply.chunks is None:
-        try:
-            return await _send_reply(send, reply)
-        finally:
-            await reply.aclose()  # the in-flight count drops once the answer is out
-
-    # A stream: watch for the client leaving, and stop relaying (and release) when it does.
+    # From here on, watch for the client leaving: waiting on the engine or relaying its
+    # stream, the request is then cancelled, which closes the engine's connection (llama-server
+    # stops generating) and releases the in-flight count at once.
     task = asyncio.current_task()
     gone = False
 
@@ -117,12 +112,17 @@ async def serve(scope, receive, send) -> None:
                 return
 
     watcher = asyncio.create_task(watch())
+    reply = None
     try:
         try:
+            reply = await gateway.handle_completion(kind, authorization, raw)
             await _send_reply(send, reply)
         finally:
+            # No await between the last send and this: the watcher, woken by the response's
+            # end, is cancelled before it can take that for a client leaving.
             watcher.cancel()
-            await reply.aclose()
+            if reply is not None:
+                await reply.aclose()  # the in-flight count drops once the answer is out
     except asyncio.CancelledError:
         if not gone:
             raise

@@ -6,6 +6,7 @@ import threading
 import time
 
 import httpx
+import pytest
 
 from .conftest import chat, inflight, settled
 
@@ -55,3 +56,17 @@ def test_completions_stream_too(router, auth, engines, make_model):
     events = [line for line in r.text.splitlines() if line]
     assert r.status_code == 200 and events[-1] == "data: [DONE]"
     assert [json.loads(e[6:])["choices"][0]["text"] for e in events[:-1]] == ["t0 ", "t1 ", "t2 "]
+
+
+def test_a_client_leaving_while_the_engine_thinks_releases_it_too(router_url, auth, engines, make_model, counts):
+    """Not streamed: a client that gives up before the answer is ready ends the engine's
+    request and its count at once, not when the engine is done (10 s here)."""
+    (engine,) = engines("a")
+    engine.chunk_delay = 10.0  # the engine takes 10 s to answer
+    _, (row,) = make_model("m", replicas=[(engine, "ready")])
+    with httpx.Client(base_url=router_url, timeout=1.0) as client:
+        started = time.monotonic()
+        with pytest.raises(httpx.ReadTimeout):
+            client.post("/v1/chat/completions", json=chat(), headers=auth)
+    assert settled(counts, row, timeout=3.0) == 0
+    assert time.monotonic() - started < 6.0
