@@ -17,9 +17,17 @@ from catalog.fleet import local
 from catalog.fleet.tiny_gguf import write_tiny_llama
 from catalog.models import Change, Model, Node, Profile, Replica
 
-# The fleet tests' real parts: a private Redis database and queue (set on import, before
-# anything is queued), the worker subprocess, and the test database as a DATABASE_URL.
-from tests.fleet.conftest import FLEET_SETTINGS, TEST_QUEUE, TEST_REDIS_URL, Worker, database_url
+# The fleet tests' real parts: a private Redis database and default queue for this process
+# and its worker (their autouse fixture, so for these tests too), the worker subprocess, and
+# the test database as a DATABASE_URL.
+from tests.fleet.conftest import (  # noqa: F401 - _private_redis_and_queue is an autouse fixture
+    FLEET_SETTINGS,
+    TEST_QUEUE,
+    TEST_REDIS_URL,
+    Worker,
+    _private_redis_and_queue,
+    database_url,
+)
 from tests.fleet.helpers import up
 
 from .conftest import DESKTOP, log_in
