@@ -207,9 +207,10 @@ def _bring_up(step: ChangeStep, profile: Profile, target: list[str], slot: int, 
         if step.policy == RestartPolicy.IN_PLACE:
             _set_step(step, StepState.DONE, finished_at=timezone.now())
             return Outcome(True)
-        if old is not None and Replica.objects.filter(
-                id=old.id, state__in=[ReplicaState.STARTING, ReplicaState.READY]).update(state=ReplicaState.DRAINING):
-            old.state = ReplicaState.DRAINING
+        # a save (not a queryset update): the router learns of replica changes from post_save
+        if old is not None and Replica.objects.filter(id=old.id).values_list("state", flat=True).first() in (
+                ReplicaState.STARTING, ReplicaState.READY):
+            fleet.mark(old, ReplicaState.DRAINING)
             _note(step, f"old replica {old.id} draining", save=False)
         _set_step(step, StepState.DRAINING)
     return Outcome(True)
