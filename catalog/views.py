@@ -22,7 +22,7 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRedirect, HttpResponseStopPolling, trigger_client_event
 
 from . import fleet, services
-from .choices import ChangeState, Engine, ReplicaState
+from .choices import ChangeState, Engine, ReplicaState, Source
 from .domain.args import get_arg
 from .domain.shape import Shape
 from .forms import ContextForm, HistoryFilterForm
@@ -395,7 +395,7 @@ def context_change(request: HttpRequest, name: str) -> HttpResponse:
                 **form.request_kwargs(),
                 message=form.cleaned_data["message"],
                 user=request.user,
-                source="console",
+                source=Source.CONSOLE,
             )
         except services.Refused as e:
             plan, error = e.plan, ("" if e.plan is not None else e.message)
@@ -465,7 +465,7 @@ def change_detail(request: HttpRequest, pk: int) -> HttpResponse:
 def change_rollback(request: HttpRequest, pk: int) -> HttpResponse:
     change = get_object_or_404(Change, pk=pk)
     try:
-        new = services.rollback(change.pk, user=request.user, source="console", message=request.POST.get("message", ""))
+        new = services.rollback(change.pk, user=request.user, source=Source.CONSOLE, message=request.POST.get("message", ""))
     except services.Forbidden as e:
         return _forbidden(request, e.message)
     except services.Conflict as e:
