@@ -152,8 +152,12 @@ def test_without_javascript_the_form_still_posts(browser, live_server, model, op
 @pytest.mark.parametrize("size", [DESKTOP, PHONE], ids=["1280x800", "390x844"])
 def test_pages_fit_the_screen(page, live_server, model, operator, shot, size, enqueued):
     page.set_viewport_size(size)
-    log_in(page, live_server, "operator", "pw-operator-123")
     tag = f"{size['width']}x{size['height']}"
+    page.goto(f"{live_server.url}/models/{model.name}/")  # anonymous: sent to log in first
+    expect(page.locator("h1")).to_have_text("Log in")
+    assert no_horizontal_overflow(page), "login"
+    shot(page, f"login-{tag}")
+    log_in(page, live_server, "operator", "pw-operator-123")
     assert no_horizontal_overflow(page), "model list"
     shot(page, f"models-{tag}")
 
