@@ -37,3 +37,25 @@ def test_fleet_up_status_down(catalog_rows):
     call_command("fleet", "down", stdout=StringIO())
     assert set(Replica.objects.values_list("state", flat=True)) == {ReplicaState.STOPPED}
     assert local.engine_processes() == []
+
+
+def test_fleet_up_places_each_profile_on_nodes_of_its_kind(catalog_rows):
+    from catalog.models import GPUClass, Node, Profile
+
+    # (a transactional test starts from an empty database: no seeded GPU classes)
+    l4 = GPUClass.objects.create(name="L4", memory_gb=22.49, usable_gb=22.0, source="test")
+    h100 = GPUClass.objects.create(name="H100-80G", memory_gb=79.65, usable_gb=79.1, source="test")
+    cpu = Node.objects.create(name="cpu-1", host="127.0.0.1")
+    l4_node = Node.objects.create(name="l4-1", host="127.0.0.1", gpu_class=l4, gpu_count=4)
+    Node.objects.create(name="h100-1", host="127.0.0.1", gpu_class=h100, gpu_count=1)
+    model, _ = catalog_rows("tiny", ["--ctx-size", "1024", "--parallel", "1", "--threads", "1"])
+    Profile.objects.create(model=model, name="vllm-l4", engine="vllm", gpu_class=l4, gpus_per_node=2,
+                           args=["--max-model-len", "4096"])
+    Profile.objects.create(model=model, name="vllm-h100-tp2", engine="vllm", gpu_class=h100, tp=2,
+                           args=["--max-model-len", "4096", "--tensor-parallel-size", "2"])
+    out = StringIO()
+    call_command("fleet", "up", "--replicas", "tiny/cpu=2", stdout=out)
+    placed = sorted(Replica.objects.filter(state=ReplicaState.READY).values_list("profile__name", "node__name"))
+    assert placed == [("cpu", "cpu-1"), ("cpu", "cpu-1"), ("vllm-l4", l4_node.name)]
+    assert "tiny/vllm-h100-tp2: no node here of its kind (2 x H100-80G); skipped" in out.getvalue()
+    call_command("fleet", "down", stdout=StringIO())

@@ -6,9 +6,10 @@
     manage.py fleet reconcile
 
 `up` gives each non-declared profile whose engine can run here (llama.cpp, a stand-in, or
-an engine with a configured command) N replicas on each local node (N from --replicas,
-else --default-replicas, 1), starts the missing ones, waits until they are ready and
-prints their endpoints. `down` stops every replica that runs."""
+an engine with a configured command) N replicas in all (N from --replicas, else
+--default-replicas, 1), spread over this machine's nodes of the profile's kind (its GPU
+class and cards, or no cards for a CPU-only profile), starts the missing ones, waits until
+they are ready and prints their endpoints. `down` stops every replica that runs."""
 
 from __future__ import annotations
 
@@ -28,6 +29,24 @@ ACTIVE = (ReplicaState.STARTING, ReplicaState.READY, ReplicaState.DRAINING)
 
 def runs_here(engine: str) -> bool:
     return engine == "llamacpp" or engines.uses_standin(engine) or engine in (settings.LLMGW_ENGINE_COMMANDS or {})
+
+
+def cards_per_node(profile: Profile) -> int:
+    return max(profile.gpus_per_node, profile.tp, 1)
+
+
+def placement(profile: Profile) -> str:
+    if profile.cpu_only or profile.gpu_class_id is None:
+        return "CPU only"
+    return f"{cards_per_node(profile)} x {profile.gpu_class.name}"
+
+
+def fits(profile: Profile, node: Node) -> bool:
+    """Whether a node is of the profile's kind: CPU-only profiles go on nodes without cards
+    (or any node, if none is without), GPU profiles on nodes of their class with enough cards."""
+    if profile.cpu_only or profile.gpu_class_id is None:
+        return node.gpu_count == 0 or not Node.objects.filter(gpu_count=0).exists()
+    return node.gpu_class_id == profile.gpu_class_id and node.gpu_count >= cards_per_node(profile)
 
 
 class Command(BaseCommand):
@@ -66,20 +85,25 @@ class Command(BaseCommand):
             self.stdout.write(f"created node 'local' (this machine, backend {backend}"
                               + (": a worker must consume queue node.local)" if backend == "celery" else ")"))
         started: list[Replica] = []
-        for profile in Profile.objects.select_related("model").filter(model__declared=False):
+        for profile in Profile.objects.select_related("model", "gpu_class").filter(model__declared=False):
             if not runs_here(profile.engine):
                 self.stdout.write(f"{profile}: {profile.engine} cannot run on this machine; skipped")
                 continue
             want = counts.get(f"{profile.model.name}/{profile.name}", counts.get(profile.model.name, default_replicas))
-            for node in nodes:
-                have = Replica.objects.filter(profile=profile, node=node, state__in=ACTIVE).count()
-                used = set(Replica.objects.filter(profile=profile, node=node, state__in=ACTIVE).values_list("slot", flat=True))
-                free = (s for s in range(10_000) if s not in used)
-                for _ in range(max(0, want - have)):
-                    try:
-                        started.append(fleet.start_replica(profile, node, list(profile.args), slot=next(free)))
-                    except fleet.EngineFailed as e:
-                        self.stderr.write(f"{profile} on {node}: {e}")
+            fitting = [n for n in nodes if fits(profile, n)]
+            if want and not fitting:
+                self.stdout.write(f"{profile}: no node here of its kind ({placement(profile)}); skipped")
+                continue
+            running = list(Replica.objects.filter(profile=profile, state__in=ACTIVE).values_list("node_id", "slot"))
+            used = {slot for _, slot in running}
+            free = (s for s in range(10_000) if s not in used)
+            # N replicas of the profile in all, spread over the nodes that fit it.
+            for i in range(max(0, want - len(running))):
+                node = fitting[(len(running) + i) % len(fitting)]
+                try:
+                    started.append(fleet.start_replica(profile, node, list(profile.args), slot=next(free)))
+                except fleet.EngineFailed as e:
+                    self.stderr.write(f"{profile} on {node}: {e}")
         failed = 0
         for replica in started:
             try:
