@@ -180,3 +180,33 @@ def test_pages_fit_the_screen(page, live_server, model, operator, shot, size, en
     page.goto(f"{live_server.url}/changes/")
     assert no_horizontal_overflow(page), "history"
     shot(page, f"history-{tag}")
+
+
+def test_a_slow_answer_never_replaces_a_newer_one(page, live_server, model, operator):
+    """hx-sync="this:replace": a preview still on its way when the admin types on is
+    dropped; only the answer to what is in the form now is shown."""
+    held = []
+
+    def hold_the_first(route):
+        if "tokens=12288" in (route.request.post_data or ""):
+            held.append(route)  # answered only after the newer one
+        else:
+            route.continue_()
+
+    page.set_viewport_size(DESKTOP)
+    log_in(page, live_server, "operator", "pw-operator-123")
+    page.route("**/context/preview/", hold_the_first)
+    open_form(page, live_server, model)
+    page.fill("#id_tokens", "12288")
+    page.wait_for_timeout(600)  # past the 300 ms debounce: that preview is on its way, and held
+    assert len(held) == 1
+    page.fill("#id_tokens", "16384")
+    plan = page.locator("#plan")
+    expect(plan).to_contain_text("8192 → 16384")
+    try:
+        held[0].continue_()  # the stale answer comes back late (if the browser still waits for it)
+    except Exception:  # noqa: BLE001 - htmx aborted it: nothing to answer
+        pass
+    page.wait_for_timeout(1000)
+    expect(plan).to_contain_text("8192 → 16384")
+    expect(plan).not_to_contain_text("12288")
