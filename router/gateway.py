@@ -159,12 +159,17 @@ _db = ThreadPoolExecutor(max_workers=4, thread_name_prefix="llmgw-router-db")
 
 
 def _with_db_retry(fn, *args):
-    """Run an ORM read; a connection that went bad (database restarted) is reopened once."""
+    """Run an ORM read; a connection that went bad (database restarted) is reopened once.
+    Afterwards the connection is kept or closed as DATABASE_CONN_MAX_AGE says, as Django
+    does at the end of a request (these reads are rare: the routes are cached)."""
     try:
-        return fn(*args)
-    except DatabaseError:
-        connection.close()
-        return fn(*args)
+        try:
+            return fn(*args)
+        except DatabaseError:
+            connection.close()
+            return fn(*args)
+    finally:
+        connection.close_if_unusable_or_obsolete()
 
 
 def _read_key(digest: str) -> KeyInfo | None:
