@@ -121,10 +121,7 @@ def plan_steps(change: Change) -> list[ChangeStep]:
             .select_related("profile", "node")
             .order_by("profile_id", "node_id", "slot", "id")
         )
-        surge = {}
-        for r in replicas:
-            if r.profile_id not in surge:
-                surge[r.profile_id] = fleet.surge_possible(r.profile)
+        surge = fleet.surge_possible({r.profile_id: r.profile for r in replicas}.values())
         steps = [
             ChangeStep(change=change, position=i, profile=r.profile, node=r.node, old_replica=r,
                        policy=RestartPolicy.SURGE if surge[r.profile_id] else RestartPolicy.IN_PLACE)

@@ -100,10 +100,12 @@ def _models_for_planning():
 def model_input(model: Model, *, fleet: bool = True) -> ModelInput:
     """The domain's view of a model row. From a model of `_models_for_planning()` (profiles
     and their GPU classes prefetched) the rows cost no query; `fleet` asks the fleet whether
-    each profile's nodes have room for a second copy during a restart (its own queries,
-    a few a profile), else assumes so."""
+    each profile's nodes have room for a second copy during a restart (one query), else
+    assumes so."""
+    rows = list(model.profiles.all())
+    room = fleet_surge_possible(rows) if fleet else {}
     profiles = []
-    for p in model.profiles.all():
+    for p in rows:
         gpu = p.gpu_class
         profiles.append(
             ProfileInput(
@@ -117,7 +119,7 @@ def model_input(model: Model, *, fleet: bool = True) -> ModelInput:
                 nodes=p.nodes,
                 cpu_only=p.cpu_only,
                 min_memory_gb=p.min_memory_gb,
-                surge_possible=fleet_surge_possible(p) if fleet else True,
+                surge_possible=room.get(p.id, True),
             )
         )
     return ModelInput(

@@ -5,7 +5,7 @@
     drain(replica, timeout)                           wait for in-flight requests to finish
     stop(replica)                                     SIGTERM, then SIGKILL, whole group
     probe(replica) -> bool, read_log(replica, lines=50) -> str
-    surge_possible(profile) -> bool                   can each node hold a second copy?
+    surge_possible(profiles) -> {id: bool}            can each node hold a second copy?
     reconcile() -> list[str]                          the database against what really runs
 
 The backend is chosen per node: `local` (processes on this machine, `local.py`) or

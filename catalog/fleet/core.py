@@ -5,7 +5,7 @@
     drain(replica, timeout)                           wait for in-flight requests to finish
     stop(replica)                                     SIGTERM, then SIGKILL, whole group
     probe(replica) -> bool, read_log(replica, lines=50) -> str
-    surge_possible(profile) -> bool                   can each node hold a second copy?
+    surge_possible(profiles) -> {id: bool}            can each node hold a second copy?
     reconcile() -> list[str]                          the database against what really runs
 
 The backend is chosen per node: `local` (processes on this machine, `local.py`) or
@@ -173,24 +173,30 @@ def _cards(profile: Profile) -> int:
     return max(profile.gpus_per_node, profile.tp, 1)
 
 
-def surge_possible(profile: Profile) -> bool:
-    """Whether every node that runs the profile can hold one more copy of it next to what it
-    runs now (its cards, or its RAM for CPU-only profiles). False ⇒ restart in place."""
-    need_cards = _cards(profile)
-    if not need_cards and not profile.min_memory_gb:
-        return True  # needs neither cards nor a known amount of RAM: nothing to run out of
-    nodes = Node.objects.filter(replicas__profile=profile, replicas__state__in=ACTIVE).distinct()
-    for node in nodes:
-        running = Replica.objects.filter(node=node, state__in=ACTIVE).select_related("profile")
-        if need_cards:
-            used = sum(_cards(r.profile) for r in running)
-            if used + need_cards > node.gpu_count:
-                return False
-        elif node.ram_gb and profile.min_memory_gb:
-            used = sum(r.profile.min_memory_gb for r in running if not _cards(r.profile))
-            if used + profile.min_memory_gb > node.ram_gb:
-                return False
-    return True
+def surge_possible(profiles) -> dict[int, bool]:
+    """For each profile (by id): whether every node that runs it can hold one more copy of
+    it next to what it runs now (its cards, or its RAM for CPU-only profiles). False ⇒
+    restart in place. One query for any number of profiles (the live preview calls it)."""
+    profiles = list(profiles)
+    running_here = Node.objects.filter(replicas__profile__in=[p.id for p in profiles], replicas__state__in=ACTIVE)
+    by_node: dict[int, list[Replica]] = {}
+    for r in Replica.objects.filter(state__in=ACTIVE, node__in=running_here).select_related("profile", "node"):
+        by_node.setdefault(r.node_id, []).append(r)
+    out = {}
+    for profile in profiles:
+        need_cards = _cards(profile)
+        room = True
+        for running in by_node.values():
+            if not (need_cards or profile.min_memory_gb) or all(r.profile_id != profile.id for r in running):
+                continue
+            node = running[0].node
+            if need_cards:
+                room &= sum(_cards(r.profile) for r in running) + need_cards <= node.gpu_count
+            elif node.ram_gb:
+                used = sum(r.profile.min_memory_gb for r in running if not _cards(r.profile))
+                room &= used + profile.min_memory_gb <= node.ram_gb
+        out[profile.id] = room
+    return out
 
 
 # --- reconcile -----------------------------------------------------------------------

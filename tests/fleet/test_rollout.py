@@ -261,7 +261,7 @@ def test_no_room_for_a_second_copy_restarts_in_place_old_first(catalog_rows, sta
     node.ram_gb = 16  # two replicas of 6 GB fit, a third copy does not
     node.save()
     olds = up(profile, node, 2)
-    assert fleet.surge_possible(profile) is False
+    assert fleet.surge_possible([profile]) == {profile.id: False}
 
     change = wait_change(request_change(profile, NEW), 120)
     assert change.state == ChangeState.SUCCEEDED, change.error
