@@ -198,9 +198,9 @@ def run(n: int) -> None:
     shape, note = services._shape_of(loaded)
     domain = timed(lambda: plan_change(model_input, shape, note, ChangeRequest(**kwargs), name=model.name), 100)
     with CaptureQueriesContext(connection) as ctx:
-        [services.fleet_surge_possible(p) for p in loaded.profiles.all()]
+        services.fleet_surge_possible(loaded.profiles.all())
     surge_queries = len(ctx.captured_queries)
-    surge = timed(lambda: [services.fleet_surge_possible(p) for p in loaded.profiles.all()], 50)
+    surge = timed(lambda: services.fleet_surge_possible(loaded.profiles.all()), 50)
     shape_t = timed(lambda: services._shape_of(loaded), 100)
 
     form = ContextForm(data)
@@ -223,7 +223,7 @@ def run(n: int) -> None:
     # What if the fleet answered "room for a second copy?" for all profiles without queries
     # (e.g. one query for the model's nodes, done once): the same request, that call stubbed.
     real = services.fleet_surge_possible
-    services.fleet_surge_possible = lambda profile: True
+    services.fleet_surge_possible = lambda profiles: {}
     try:
         whatif_t = []
         for _ in range(5):
