@@ -315,7 +315,7 @@ def main() -> int:
                           f"CPU per request ratio {cpu:.3f}")
         if args.json:
             Path(args.json).write_text(json.dumps({"engine": engine_desc, "results": {"|".join(map(str, k)): v for k, v in results.items()}}, indent=1))
-        return 0 if all(s[4] for s in summary) else 1
+        return 0 if all(s[4] for s in summary if s[0] == "router") else 1  # the goals are the served router's
     finally:
         procs.stop_all()
         shutil.rmtree(tmp, ignore_errors=True)
