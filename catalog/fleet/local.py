@@ -201,13 +201,16 @@ def start(replica: Replica) -> Replica:
     profile = replica.profile
     node = replica.node
     logs = logs_dir()
-    replica.log_path = str(logs / f"replica-{replica.id}-{profile.model.name}-{profile.name}.log")
+    # A new file for each start; the time keeps apart replicas of other databases that
+    # share this data folder (test runs, a second console) and happen to have the same id.
+    stamp = timezone.now().strftime("%Y%m%d-%H%M%S-%f")
+    replica.log_path = str(logs / f"replica-{replica.id}-{profile.model.name}-{profile.name}-{stamp}.log")
     with open(logs / ".ports.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         port = _choose_port(replica)
         cmd = engines.command(profile.engine, profile.model, node.host, port, list(replica.args))
         env = dict(os.environ, LLMGW_REPLICA_ID=str(replica.id), LLMGW_NODE=node.name, LLMGW_FLEET_DB=db_mark())
-        with open(replica.log_path, "ab") as out:
+        with open(replica.log_path, "wb") as out:
             out.write(f"$ {' '.join(cmd)}\n".encode())
             out.flush()
             replica.started_at = timezone.now()

@@ -215,7 +215,7 @@ def test_two_nodes_each_served_by_its_own_worker_and_queue(catalog_rows, start_w
         step.old_replica.refresh_from_db()
         assert step.old_replica.state == ReplicaState.STOPPED
         assert not os.path.exists(f"/proc/{step.old_replica.pid}") or not local.pid_is_replica(step.old_replica.pid, step.old_replica.id)
-    log = fleet.read_log(change.steps.first().new_replica)  # read on the node, through its worker
+    log = fleet.read_log(change.steps.first().new_replica, lines=10_000)  # read on the node, through its worker
     assert log.startswith("$ ") and "--ctx-size 4096" in log
 
 
