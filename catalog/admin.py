@@ -42,9 +42,8 @@ class GPUClassAdmin(admin.ModelAdmin):
     search_fields = ["name"]
 
 
-class OriginFileInline(admin.TabularInline):
-    model = OriginFile
-    extra = 0
+class DeclaredInlineReadOnly:
+    """An inline of a declared model's page: shown, not editable (obj is the model)."""
 
     def has_change_permission(self, request, obj=None):
         return not (obj and obj.declared) and super().has_change_permission(request, obj)
@@ -54,6 +53,12 @@ class OriginFileInline(admin.TabularInline):
 
     def has_delete_permission(self, request, obj=None):
         return not (obj and obj.declared) and super().has_delete_permission(request, obj)
+
+
+class OriginFileInline(DeclaredInlineReadOnly, admin.TabularInline):
+    model = OriginFile
+    extra = 0
+
 
 
 class ProfileForm(forms.ModelForm):
@@ -79,20 +84,12 @@ class ProfileForm(forms.ModelForm):
         return data
 
 
-class ProfileInline(admin.StackedInline):
+class ProfileInline(DeclaredInlineReadOnly, admin.StackedInline):
     model = Profile
     form = ProfileForm
     extra = 0
     show_change_link = True
 
-    def has_change_permission(self, request, obj=None):
-        return not (obj and obj.declared) and super().has_change_permission(request, obj)
-
-    def has_add_permission(self, request, obj=None):
-        return not (obj and obj.declared) and super().has_add_permission(request, obj)
-
-    def has_delete_permission(self, request, obj=None):
-        return not (obj and obj.declared) and super().has_delete_permission(request, obj)
 
 
 class ContextForm(forms.Form):

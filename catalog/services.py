@@ -311,30 +311,12 @@ def _apply(model: Model, plan: Plan, request: ChangeRequest, *, message, user, s
     if changed and not plan.output_only:
         Profile.objects.bulk_update(changed, ["args", "min_memory_gb"])
 
-    if plan.output_only:
-        now = timezone.now()
-        change = audit.record_change(
-            model,
-            kind=kind or ChangeKind.MAX_OUTPUT,
-            state=ChangeState.SUCCEEDED,
-            user=user,
-            source=source,
-            message=message,
-            request=_request_dict(request),
-            plan=plan.to_dict(),
-            before=before,
-            after=after,
-            rollback_of=rollback_of,
-            started_at=now,
-            finished_at=now,
-        )
-        _mark_rolled_back(rollback_of)
-        return change
-
+    # A longest-answer-only change is done at once: nothing restarts.
+    now = timezone.now() if plan.output_only else None
     change = audit.record_change(
         model,
-        kind=kind or ChangeKind.CONTEXT,
-        state=ChangeState.QUEUED,
+        kind=kind or (ChangeKind.MAX_OUTPUT if plan.output_only else ChangeKind.CONTEXT),
+        state=ChangeState.SUCCEEDED if plan.output_only else ChangeState.QUEUED,
         user=user,
         source=source,
         message=message,
@@ -343,10 +325,13 @@ def _apply(model: Model, plan: Plan, request: ChangeRequest, *, message, user, s
         before=before,
         after=after,
         rollback_of=rollback_of,
+        started_at=now,
+        finished_at=now,
     )
     _mark_rolled_back(rollback_of)
-    change_id = change.pk
-    transaction.on_commit(lambda: _enqueue_rollout(change_id))
+    if not plan.output_only:
+        change_id = change.pk
+        transaction.on_commit(lambda: _enqueue_rollout(change_id))
     return change
 
 
