@@ -16,6 +16,28 @@ CHAT_TEMPLATE = (
 )
 
 
+VOCAB = 260
+
+
+def add_vocab(w) -> None:
+    """The 260-token SentencePiece vocabulary and the chat template, into a GGUFWriter."""
+    import gguf
+
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + ["\u2581"]
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+    types += [gguf.TokenType.BYTE] * 256 + [gguf.TokenType.NORMAL]
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * VOCAB)
+    w.add_token_types([int(t) for t in types])
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    w.add_chat_template(CHAT_TEMPLATE)
+
+
 def write_tiny_llama(
     path: str | Path,
     *,
@@ -37,15 +59,6 @@ def write_tiny_llama(
     rng = np.random.default_rng(seed)
     head_dim = width // heads
 
-    tokens: list[bytes] = [b"<unk>", b"<s>", b"</s>"]
-    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
-    for b in range(256):
-        tokens.append(f"<0x{b:02X}>".encode())
-        types.append(gguf.TokenType.BYTE)
-    tokens.append("\u2581".encode())
-    types.append(gguf.TokenType.NORMAL)
-    vocab = len(tokens)  # 260
-
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name(name)
     w.add_context_length(context_length)
@@ -58,17 +71,8 @@ def write_tiny_llama(
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    w.add_vocab_size(vocab)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores([0.0] * vocab)
-    w.add_token_types(types)
-    w.add_unk_token_id(0)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
-    w.add_chat_template(CHAT_TEMPLATE)
+    w.add_vocab_size(VOCAB)
+    add_vocab(w)
 
     def f16(*shape):
         return (rng.standard_normal(shape) * 0.02).astype(np.float16)
@@ -77,7 +81,7 @@ def write_tiny_llama(
         return np.ones(n, dtype=np.float32)
 
     # numpy shapes are (rows, cols) = ggml's (ne1, ne0): out_features first.
-    w.add_tensor("token_embd.weight", f16(vocab, width))
+    w.add_tensor("token_embd.weight", f16(VOCAB, width))
     for i in range(layers):
         w.add_tensor(f"blk.{i}.attn_norm.weight", ones(width))
         w.add_tensor(f"blk.{i}.attn_q.weight", f16(heads * head_dim, width))
@@ -89,7 +93,7 @@ def write_tiny_llama(
         w.add_tensor(f"blk.{i}.ffn_up.weight", f16(ffn, width))
         w.add_tensor(f"blk.{i}.ffn_down.weight", f16(width, ffn))
     w.add_tensor("output_norm.weight", ones(width))
-    w.add_tensor("output.weight", f16(vocab, width))
+    w.add_tensor("output.weight", f16(VOCAB, width))
 
     w.write_header_to_file()
     w.write_kv_data_to_file()

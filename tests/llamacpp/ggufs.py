@@ -11,28 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFWriter, TokenType
+from gguf import GGUFWriter
 
-N_VOCAB = 260
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
+from catalog.fleet.tiny_gguf import VOCAB, add_vocab, write_tiny_llama
 
-
-def _vocab(w: GGUFWriter) -> None:
-    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)] + ["\u2581"]
-    types = [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL] + [TokenType.BYTE] * 256 + [TokenType.NORMAL]
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_scores([0.0] * len(tokens))
-    w.add_token_types([int(t) for t in types])
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_add_bos_token(True)
-    w.add_chat_template(CHAT_TEMPLATE)
+N_VOCAB = VOCAB
 
 
 class _Tensors:
@@ -61,7 +44,7 @@ def _start(path: Path, arch: str, *, n_embd: int, n_layer: int, n_ctx: int, n_ff
     w.add_feed_forward_length(n_ff)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_file_type(1)  # MOSTLY_F16
-    _vocab(w)
+    add_vocab(w)
     return w
 
 
@@ -94,19 +77,9 @@ def _ffn(t: _Tensors, i: int, n_embd: int, n_ff: int) -> None:
 
 def write_llama(path: Path, *, n_layer: int = 2, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2,
                 n_ctx: int = 8192, n_ff: int = 128, seed: int = 1) -> Path:
-    """A GQA llama (src/models/llama.cpp)."""
-    w = _start(path, "llama", n_embd=n_embd, n_layer=n_layer, n_ctx=n_ctx, n_ff=n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
-    w.add_rope_dimension_count(n_embd // n_head)
-    w.add_rope_freq_base(10000.0)
-    t = _Tensors(w, seed)
-    _embd_and_output(t, n_embd)
-    for i in range(n_layer):
-        _attn(t, i, n_embd, n_head, n_head_kv, n_embd // n_head)
-        _ffn(t, i, n_embd, n_ff)
-    _finish(w)
-    return path
+    """A GQA llama (src/models/llama.cpp): the demo's tiny model, sized as asked."""
+    return write_tiny_llama(path, context_length=n_ctx, layers=n_layer, width=n_embd, heads=n_head,
+                            kv_heads=n_head_kv, ffn=n_ff, seed=seed)
 
 
 def write_gemma2(path: Path, *, n_layer: int = 4, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2,
