@@ -15,8 +15,6 @@ from gguf import GGUFWriter
 
 from catalog.fleet.tiny_gguf import VOCAB, add_vocab, write_tiny_llama
 
-N_VOCAB = VOCAB
-
 
 class _Tensors:
     def __init__(self, w: GGUFWriter, seed: int):
@@ -56,7 +54,7 @@ def _finish(w: GGUFWriter) -> None:
 
 
 def _embd_and_output(t: _Tensors, n_embd: int) -> None:
-    t.add("token_embd.weight", (n_embd, N_VOCAB))
+    t.add("token_embd.weight", (n_embd, VOCAB))
     t.add("output_norm.weight", (n_embd,), f32=True, value=1.0)
 
 
