@@ -19,3 +19,10 @@ def operator(db):
 def viewer(db):
     """A logged-in user who may read everything and change nothing."""
     return User.objects.create_user("viewer", password="pw-viewer-123")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Browser tests last: Playwright keeps an event loop running in the main thread from its
+    first test to the end of the session, and Django's async views (the router's) cannot be
+    called through the test client while it runs."""
+    items.sort(key=lambda item: "/tests/browser/" in str(item.path).replace("\\", "/"))

@@ -50,11 +50,14 @@ if not _test.get("NAME"):
 
 def _configure_celery(broker: str, backend: str, queue: str) -> None:
     """Point this process's Celery app elsewhere, dropping connections made before."""
+    import kombu.pools
+
     celery_app.conf.update(broker_url=broker, result_backend=backend, task_default_queue=queue)
     if celery_app._pool is not None:
         celery_app._pool.force_close_all()
         celery_app._pool = None
     celery_app.amqp._producer_pool = None
+    kombu.pools.reset()  # kombu keeps producer pools per broker globally: closed ones must not be reused
     if getattr(celery_app._local, "backend", None) is not None:
         del celery_app._local.backend
 
