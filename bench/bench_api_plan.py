@@ -1,0 +1,107 @@
+"""Benchmark: a dry-run plan through the REST API (POST /api/v1/models/<name>/context with
+`dry_run`) for a model with 8 profiles whose shape is cached, against an empty DRF endpoint
+(same authentication, same JSON body) measured in the same run.
+
+Run:  .venv/bin/python bench/bench_api_plan.py [--requests 300]
+
+Prints the median (and p90) server time per request, the SQL queries per request and the
+ratio to the empty endpoint. Goal: <= 2x the empty endpoint, <= 6 queries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_preview  # noqa: E402  (sets Django up; its catalog of 8 profiles is reused)
+from django.contrib.auth.models import Permission, User  # noqa: E402
+from django.db import connection  # noqa: E402
+from django.test import Client, override_settings  # noqa: E402
+from django.test.utils import CaptureQueriesContext, setup_databases, setup_test_environment, teardown_databases  # noqa: E402
+from django.urls import include, path  # noqa: E402
+from rest_framework.response import Response  # noqa: E402
+from rest_framework.views import APIView  # noqa: E402
+
+
+class Empty(APIView):
+    """Token or session authentication and IsAuthenticated, as every API view; nothing else."""
+
+    def post(self, request):
+        return Response({})
+
+
+urlpatterns = [
+    path("bench/empty/", Empty.as_view()),
+    path("", include("llmgw_console.urls")),
+]
+
+
+def measure(client: Client, url: str, body: str, headers: dict, n: int) -> list[float]:
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        response = client.post(url, body, content_type="application/json", headers=headers)
+        times.append(time.perf_counter() - t)
+        assert response.status_code == 200, (response.status_code, response.content[:300])
+    return times
+
+
+def run(n: int) -> None:
+    from rest_framework.authtoken.models import Token
+
+    model = bench_preview.build_catalog()
+    user = User.objects.create_user("operator", password="x")
+    user.user_permissions.add(Permission.objects.get(codename="change_context"))
+    headers = {"Authorization": f"Token {Token.objects.create(user=user).key}"}
+    client = Client()
+    url = f"/api/v1/models/{model.name}/context"
+    body = '{"tokens": 32768, "slots": 2, "dry_run": true, "message": "bench"}'
+    for _ in range(20):
+        measure(client, url, body, headers, 1)
+        measure(client, "/bench/empty/", body, headers, 1)
+    plan = client.post(url, body, content_type="application/json", headers=headers).json()["plan"]
+    assert len(plan["profiles"]) == 8 and plan["refusal"] is None, plan.get("refusal")
+
+    empty_t, plan_t = [], []
+    for _ in range(5):  # interleaved, so both see the same machine load
+        empty_t += measure(client, "/bench/empty/", body, headers, n // 5)
+        plan_t += measure(client, url, body, headers, n // 5)
+    queries = {}
+    for name, u in (("empty", "/bench/empty/"), ("plan", url)):
+        with CaptureQueriesContext(connection) as ctx:
+            measure(client, u, body, headers, 1)
+        queries[name] = len(ctx.captured_queries)
+
+    def ms(x: float) -> str:
+        return f"{x * 1000:.2f} ms"
+
+    def p90(xs: list[float]) -> float:
+        return sorted(xs)[int(len(xs) * 0.9)]
+
+    e, p = statistics.median(empty_t), statistics.median(plan_t)
+    print(f"requests per endpoint: {len(plan_t)} (8 profiles, shape cached, token auth)")
+    print(f"empty DRF endpoint : median {ms(e)}  p90 {ms(p90(empty_t))}  queries {queries['empty']}")
+    print(f"dry-run plan       : median {ms(p)}  p90 {ms(p90(plan_t))}  queries {queries['plan']}")
+    print(f"ratio plan / empty : {p / e:.2f}x   (goal <= 2x)")
+    print(f"queries per plan   : {queries['plan']}   (goal <= 6)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--requests", type=int, default=300)
+    n = parser.parse_args().requests
+    setup_test_environment()
+    old = setup_databases(verbosity=0, interactive=False)
+    try:
+        with override_settings(ROOT_URLCONF=sys.modules[__name__], DEBUG=False):
+            run(n)
+    finally:
+        teardown_databases(old, verbosity=0)
+
+
+if __name__ == "__main__":
+    main()
