@@ -13,7 +13,9 @@ versions (llama.cpp @0c1e570, vLLM 0.33.0, SGLang 0.5.23) and docs/kv.md lists t
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
+from functools import lru_cache
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
@@ -375,6 +377,23 @@ def _heads_k_v(shape: Shape, il: int) -> tuple[int, int]:
     return hk * kvh, hv * kvh
 
 
+@lru_cache(maxsize=256)
+def _kv_layers(shape: Shape) -> tuple[tuple[bool, int, int, int], ...]:
+    """The layers that hold KV, grouped: (sliding-window?, K width, V width, how many). A plan
+    sizes each profile before and after, on every keystroke of the live preview: walking 80
+    layers each time is what it would cost otherwise."""
+    groups: Counter[tuple[bool, int, int]] = Counter()
+    for il in range(shape.layers):
+        if shape.has_kv(il):
+            groups[(shape.is_swa(il), *_heads_k_v(shape, il))] += 1
+    return tuple((swa, k, v, n) for (swa, k, v), n in groups.items())
+
+
+@lru_cache(maxsize=256)
+def _recurrent_count(shape: Shape) -> int:
+    return sum(1 for il in range(shape.layers) if shape.is_recurrent(il))
+
+
 def _llamacpp(shape: Shape, context: int, slots: int, tk: str, tv: str, unified: bool, swa_full: bool,
               ubatch: int, batch: int = 2048) -> KVBytes:
     # llama-server gets --ctx-size context*slots --parallel slots (SPEC §3)
@@ -396,16 +415,13 @@ def _llamacpp(shape: Shape, context: int, slots: int, tk: str, tv: str, unified:
     # src/llama-kv-cache.cpp llama_kv_cache ctor: per layer K [n_embd_k_gqa, kv_size, n_stream] of type_k,
     # V likewise of type_v unless MLA (has_v = !is_mla: the latent is cached once, as K)
     kv = 0
-    for il in range(shape.layers):
-        if not shape.has_kv(il):
-            continue
-        k, v = _heads_k_v(shape, il)
-        cells = size_swa if shape.is_swa(il) else n_ctx_seq
+    for swa, k, v, layers in _kv_layers(shape):
+        cells = size_swa if swa else n_ctx_seq
         row = row_bytes(tk, k) + (row_bytes(tv, v) if v else 0)
-        kv += row * cells * n_stream
+        kv += row * cells * n_stream * layers
     # src/llama-memory-recurrent.cpp llama_memory_recurrent ctor (via llama_model::create_memory):
     # F32 r and s rows, max(1, n_seq_max) of them, whatever -ctk/-ctv say
-    n_recr = sum(1 for il in range(shape.layers) if shape.is_recurrent(il))
+    n_recr = _recurrent_count(shape)
     state = n_recr * (shape.state_r + shape.state_s) * 4 * max(1, slots)
     return KVBytes(kv, state)
 
@@ -419,18 +435,15 @@ def _vllm(shape: Shape, context: int, slots: int, dtype: int, block_size: int, m
     #   max_model_len), block_size) + 1) pages
     chunked = shape.architecture.startswith("llama4")  # llama4's local layers are chunked, not sliding
     kv = 0
-    for il in range(shape.layers):
-        if not shape.has_kv(il):
-            continue
-        k, v = _heads_k_v(shape, il)
+    for swa, k, v, layers in _kv_layers(shape):
         if shape.mla:
             k, v = (shape.kv_lora_rank + shape.rope_head_dim) or shape.head_k, 0
-        page = block_size * (k + v) * dtype
-        if shape.is_swa(il) and chunked:
+        page = block_size * (k + v) * dtype * layers
+        if swa and chunked:
             # ChunkedLocalAttentionSpec.max_admission_blocks_per_request (llama4's chunked attention):
             # cdiv(min(attention_chunk_size + max_num_batched_tokens, max_model_len), block_size)
             pages = _cdiv(min(shape.sliding_window + max_num_batched_tokens, context), block_size)
-        elif shape.is_swa(il):
+        elif swa:
             pages = _cdiv(min(shape.sliding_window - 1 + max_num_batched_tokens, context), block_size) + 1
         else:
             pages = _cdiv(context, block_size)
@@ -438,7 +451,7 @@ def _vllm(shape: Shape, context: int, slots: int, dtype: int, block_size: int, m
     # MambaSpec (vllm/v1/kv_cache_interface.py, shapes from vllm/model_executor/layers/mamba/mamba_utils.py):
     # one page per request of conv + ssm state, in mamba_cache_dtype (auto = the model's dtype);
     # the element counts equal llama.cpp's n_embd_r + n_embd_s
-    n_recr = sum(1 for il in range(shape.layers) if shape.is_recurrent(il))
+    n_recr = _recurrent_count(shape)
     state = n_recr * (shape.state_r + shape.state_s) * (shape.dtype_bytes or 2)
     return KVBytes(kv * slots, state * slots)
 
@@ -448,16 +461,13 @@ def _sglang(shape: Shape, context: int, slots: int, dtype: int) -> KVBytes:
     #   MHA: kv_heads * (head_dim + v_head_dim) * layers * dtype;  MLA: (kv_lora_rank + qk_rope_head_dim) * layers * dtype
     # the pool is sized in tokens, so every attention layer (sliding-window ones too) counts at full length
     cell = 0
-    for il in range(shape.layers):
-        if not shape.has_kv(il):
-            continue
-        k, v = _heads_k_v(shape, il)
+    for _swa, k, v, layers in _kv_layers(shape):
         if shape.mla:
             k, v = (shape.kv_lora_rank + shape.rope_head_dim) or shape.head_k, 0
-        cell += (k + v) * dtype
+        cell += (k + v) * dtype * layers
     # mamba pool (sglang/srt/mem_cache/memory_pool.py MambaPool): one state per request; the SSM
     # state in float32 (--mamba-ssm-dtype default), the conv state in the model's dtype  [U: not pinned]
-    n_recr = sum(1 for il in range(shape.layers) if shape.is_recurrent(il))
+    n_recr = _recurrent_count(shape)
     state = n_recr * (shape.state_r * (shape.dtype_bytes or 2) + shape.state_s * 4)
     return KVBytes(cell * context * slots, state * slots)
 
