@@ -167,10 +167,14 @@ def read_log(replica: Replica, lines: int = 50) -> str:
 # --- capacity ------------------------------------------------------------------------
 
 
-def _cards(profile: Profile) -> int:
-    if profile.cpu_only or (profile.gpu_class_id is None and profile.gpus_per_node == 0):
+def _cards_of(cpu_only: bool, gpu_class_id: int | None, gpus_per_node: int, tp: int) -> int:
+    if cpu_only or (gpu_class_id is None and gpus_per_node == 0):
         return 0
-    return max(profile.gpus_per_node, profile.tp, 1)
+    return max(gpus_per_node, tp, 1)
+
+
+def _cards(profile: Profile) -> int:
+    return _cards_of(profile.cpu_only, profile.gpu_class_id, profile.gpus_per_node, profile.tp)
 
 
 def surge_possible(profiles) -> dict[int, bool]:
@@ -179,22 +183,29 @@ def surge_possible(profiles) -> dict[int, bool]:
     restart in place. One query for any number of profiles (the live preview calls it)."""
     profiles = list(profiles)
     running_here = Node.objects.filter(replicas__profile__in=[p.id for p in profiles], replicas__state__in=ACTIVE)
-    by_node: dict[int, list[Replica]] = {}
-    for r in Replica.objects.filter(state__in=ACTIVE, node__in=running_here).select_related("profile", "node"):
-        by_node.setdefault(r.node_id, []).append(r)
+    rows = Replica.objects.filter(state__in=ACTIVE, node__in=running_here).values_list(
+        "node_id", "node__gpu_count", "node__ram_gb", "profile_id", "profile__cpu_only", "profile__gpu_class_id",
+        "profile__gpus_per_node", "profile__tp", "profile__min_memory_gb",
+    )
+    # per node: its cards and RAM, the profiles running there, cards and CPU RAM taken
+    nodes: dict[int, dict] = {}
+    for node_id, gpu_count, ram_gb, profile_id, cpu_only, gpu_class_id, per_node, tp, min_memory in rows:
+        node = nodes.setdefault(node_id, {"gpus": gpu_count, "ram": ram_gb, "profiles": set(), "cards": 0, "ram_used": 0})
+        node["profiles"].add(profile_id)
+        cards = _cards_of(cpu_only, gpu_class_id, per_node, tp)
+        node["cards"] += cards
+        node["ram_used"] += 0 if cards else min_memory
     out = {}
     for profile in profiles:
         need_cards = _cards(profile)
         room = True
-        for running in by_node.values():
-            if not (need_cards or profile.min_memory_gb) or all(r.profile_id != profile.id for r in running):
+        for node in nodes.values():
+            if not (need_cards or profile.min_memory_gb) or profile.id not in node["profiles"]:
                 continue
-            node = running[0].node
             if need_cards:
-                room &= sum(_cards(r.profile) for r in running) + need_cards <= node.gpu_count
-            elif node.ram_gb:
-                used = sum(r.profile.min_memory_gb for r in running if not _cards(r.profile))
-                room &= used + profile.min_memory_gb <= node.ram_gb
+                room &= node["cards"] + need_cards <= node["gpus"]
+            elif node["ram"]:
+                room &= node["ram_used"] + profile.min_memory_gb <= node["ram"]
         out[profile.id] = room
     return out
 
