@@ -357,27 +357,17 @@ def rollback(change_id: int, *, user, source: str, message: str = "") -> Change:
     context = int(before.get("context_length") or 0)
     max_output = int(before.get("max_output") or 0)
     why = message or f"roll back change {change_id}"
-    if (original.plan or {}).get("output_only") or original.kind == ChangeKind.MAX_OUTPUT:
-        # It changed the longest answer alone: so does its rollback, and nothing restarts.
-        if max_output <= 0:
-            raise ServiceError(
-                f"change {change_id} set a limit where there was none: set the longest answer by hand",
-                field="max_output",
-            )
-        return request_change(
-            original.model.name,
-            max_output=max_output,
-            message=why,
-            user=user,
-            source=source,
-            kind=ChangeKind.ROLLBACK,
-            rollback_of=original,
+    # A change of the longest answer alone is rolled back the same way: nothing restarts.
+    output_only = (original.plan or {}).get("output_only") or original.kind == ChangeKind.MAX_OUTPUT
+    if output_only and max_output <= 0:
+        raise ServiceError(
+            f"change {change_id} set a limit where there was none: set the longest answer by hand",
+            field="max_output",
         )
-    slots = _slots_before(original)
     return request_change(
         original.model.name,
-        tokens=context,
-        slots=slots,
+        tokens=0 if output_only else context,
+        slots=0 if output_only else _slots_before(original),
         max_output=max_output,
         message=why,
         user=user,

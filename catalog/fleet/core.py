@@ -1,15 +1,5 @@
-"""The fleet's implementation (see __init__.py): starts, checks and stops engine processes.
-
-    start_replica(profile, node, args) -> Replica     spawn; the row is `starting`
-    wait_ready(replica, timeout)                      health 200 + one real completion
-    drain(replica, timeout)                           wait for in-flight requests to finish
-    stop(replica)                                     SIGTERM, then SIGKILL, whole group
-    probe(replica) -> bool, read_log(replica, lines=50) -> str
-    surge_possible(profiles) -> {id: bool}            can each node hold a second copy?
-    reconcile() -> list[str]                          the database against what really runs
-
-The backend is chosen per node: `local` (processes on this machine, `local.py`) or
-`celery` (a worker on queue `node.<name>` on that machine, `celery_node.py`)."""
+"""The fleet's implementation: what catalog.fleet (its __init__.py) lists, for the backend
+each node names: `local` (local.py) or `celery` (celery_node.py)."""
 
 from __future__ import annotations
 
