@@ -86,6 +86,20 @@ class Forbidden(ServiceError):
 # ----------------------------------------------------------------------------- reading
 
 
+LOG_LINES_MAX = 5000
+
+
+def replica_log(replica, lines: int = 50) -> str:
+    """A replica's last engine log lines, as the fleet reads them (the replica may run on
+    another machine, behind its node's worker); a log that cannot be read is said so."""
+    from catalog import fleet
+
+    try:
+        return fleet.read_log(replica, lines=max(1, min(lines, LOG_LINES_MAX)))
+    except Exception as e:  # noqa: BLE001 - the fleet's backends raise what their transport raises
+        return f"(its log could not be read: {e})"
+
+
 def can_change_context(user) -> bool:
     return bool(user is not None and getattr(user, "is_active", False) and user.has_perm(CONTEXT_PERMISSION))
 

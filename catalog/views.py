@@ -21,7 +21,7 @@ from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRedirect, HttpResponseStopPolling, trigger_client_event
 
-from . import fleet, services
+from . import services
 from .choices import ChangeState, Engine, ReplicaState, Source
 from .domain.args import get_arg
 from .domain.shape import Shape
@@ -268,12 +268,7 @@ def _bytes(n: int) -> str:
 
 
 def read_log(replica: Replica, lines: int = LOG_LINES) -> str:
-    """The engine's last log lines, as the fleet reads them (a replica may run on another
-    machine); a log that cannot be read is said so, not a 500."""
-    try:
-        return fleet.read_log(replica, lines=lines)
-    except Exception as e:  # noqa: BLE001 - the fleet's backends raise what their transport raises
-        return f"(its log could not be read: {e})"
+    return services.replica_log(replica, lines)
 
 
 # ----------------------------------------------------------------------------- pages

@@ -127,10 +127,23 @@ class ModelListSerializer(serializers.ModelSerializer):
 class ReplicaSerializer(serializers.ModelSerializer):
     profile = serializers.CharField(source="profile.name")
     node = serializers.CharField(source="node.name")
+    log_url = serializers.SerializerMethodField()
 
     class Meta:
         model = Replica
-        fields = ["id", "profile", "node", "slot", "state", "endpoint", "args", "started_at", "stopped_at", "error"]
+        fields = ["id", "profile", "node", "slot", "state", "endpoint", "pid", "args", "started_at", "stopped_at",
+                  "error", "log_url"]
+
+    def get_log_url(self, replica) -> str:
+        url = reverse("api:replica-log", args=[replica.pk])
+        request = self.context.get("request")
+        return request.build_absolute_uri(url) if request is not None else url
+
+
+class ReplicaLogSerializer(serializers.Serializer):
+    replica = serializers.IntegerField()
+    lines = serializers.IntegerField(help_text="how many of the last lines were asked for")
+    log = serializers.CharField(help_text="the engine's output (its command line first, when the log is short)")
 
 
 class ProfileSerializer(serializers.ModelSerializer):

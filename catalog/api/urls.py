@@ -19,4 +19,5 @@ urlpatterns = [
     path("models/<str:name>/context", _view(views.ModelContext), name="model-context"),
     path("changes/<int:pk>", _view(views.ChangeDetail), name="change-detail"),
     path("changes/<int:pk>/rollback", _view(views.ChangeRollback), name="change-rollback"),
+    path("replicas/<int:pk>/log", _view(views.ReplicaLog), name="replica-log"),
 ]

@@ -26,6 +26,7 @@ from .serializers import (
     ModelDetailSerializer,
     ModelListSerializer,
     PlanResultSerializer,
+    ReplicaLogSerializer,
     RollbackRequestSerializer,
     change_url,
 )
@@ -241,3 +242,26 @@ class ChangeRollback(APIView):
         except services.ServiceError as e:
             return _service_error(request, e)
         return _change_response(request, change, plan=None)
+
+
+class ReplicaLog(APIView):
+    """A replica's last engine log lines (`lines`, default 50, at most 5000), read where the
+    replica runs."""
+
+    @extend_schema(
+        operation_id="replicas_log",
+        parameters=[OpenApiParameter("lines", int, OpenApiParameter.QUERY, required=False, description="1 to 5000; default 50")],
+        responses={200: ReplicaLogSerializer, 400: ERRORS[400], **READ_ERRORS},
+    )
+    def get(self, request, pk: int):
+        replica = Replica.objects.select_related("node").filter(pk=pk).first()
+        if replica is None:
+            return _error(status.HTTP_404_NOT_FOUND, f"no replica {pk}")
+        raw = request.query_params.get("lines", "50")
+        try:
+            lines = int(raw)
+        except ValueError:
+            lines = 0
+        if not 1 <= lines <= services.LOG_LINES_MAX:
+            return _error(status.HTTP_400_BAD_REQUEST, f"lines is a whole number from 1 to {services.LOG_LINES_MAX}, not {raw!r}", field="lines")
+        return Response({"replica": replica.pk, "lines": lines, "log": services.replica_log(replica, lines)})

@@ -383,3 +383,26 @@ def test_schema_needs_a_token_or_a_session_and_has_no_warnings(view, viewer):
     session = APIClient()
     session.force_login(viewer)
     assert session.get("/api/schema/docs/").status_code == 200
+
+
+def test_a_replicas_log_is_readable_through_the_api(model, view, tmp_path):
+    from catalog.models import Node, Replica
+
+    log = tmp_path / "engine.log"
+    log.write_text("$ llama-server --ctx-size 8192\n" + "".join(f"line {i}\n" for i in range(100)))
+    replica = Replica.objects.create(profile=model.profiles.first(), node=Node.objects.create(name="n1"),
+                                     state="ready", pid=4242, log_path=str(log))
+    url = reverse("api:replica-log", args=[replica.pk])
+    assert APIClient().get(url).status_code == 401
+
+    body = view.get(url).json()
+    assert body["log"].splitlines() == [f"line {i}" for i in range(50, 100)]
+    assert view.get(url, {"lines": 500}).json()["log"].startswith("$ llama-server --ctx-size 8192")
+    for bad in ("0", "x", "5001"):
+        response = view.get(url, {"lines": bad})
+        assert response.status_code == 400 and response.json()["field"] == "lines"
+    assert view.get(reverse("api:replica-log", args=[replica.pk + 1])).status_code == 404
+
+    detail = view.get(reverse("api:model-detail", args=[model.name])).json()
+    (listed,) = [r for r in detail["replicas"] if r["id"] == replica.pk]
+    assert listed["pid"] == 4242 and listed["log_url"].endswith(url)

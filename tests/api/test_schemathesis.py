@@ -54,6 +54,7 @@ def test_schema_covers_every_endpoint():
         "/api/v1/models/{name}/context",
         "/api/v1/changes/{id}",
         "/api/v1/changes/{id}/rollback",
+        "/api/v1/replicas/{id}/log",
     }
 
 
