@@ -14,7 +14,6 @@ than 500,000 bytes remain beyond the parse position, and on overflow of a value.
 
 from __future__ import annotations
 
-import io
 import logging
 import math
 import os

@@ -1,5 +1,35 @@
+import os
+
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import Permission, User
+
+from catalog import services
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix, tmp_path_factory):
+    """A test database other processes can open (Celery workers, engines' reconcile, the
+    router's threads, subprocesses): a file rather than SQLite's in-memory one, whose shared
+    cache also answers "table is locked" to a reader while another connection writes; on
+    PostgreSQL a name of this run's own, so two runs on one server never drop each other's."""
+    db = settings.DATABASES["default"]
+    test = db.setdefault("TEST", {})
+    if test.get("NAME"):
+        return
+    if db["ENGINE"].endswith("sqlite3"):
+        test["NAME"] = str(tmp_path_factory.mktemp("db") / "test.sqlite3")
+    else:
+        test["NAME"] = f"test_{db['NAME']}_{os.getpid()}"
+
+
+@pytest.fixture
+def enqueued(monkeypatch):
+    """The rollouts handed to Celery, recorded instead (no broker, no worker: the rollout
+    has its own tests in tests/fleet)."""
+    calls = []
+    monkeypatch.setattr(services, "_enqueue_rollout", calls.append)
+    return calls
 
 
 @pytest.fixture

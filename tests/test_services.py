@@ -12,14 +12,6 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def enqueued(monkeypatch):
-    """The rollouts handed to Celery (no worker, no broker: the rollout is tested elsewhere)."""
-    calls = []
-    monkeypatch.setattr(services, "_enqueue_rollout", calls.append)
-    return calls
-
-
-@pytest.fixture
 def model(monkeypatch):
     use_shape(monkeypatch)
     return make_model()

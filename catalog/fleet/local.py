@@ -23,7 +23,7 @@ from pathlib import Path
 
 import httpx
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connection
 from django.utils import timezone
 
 from catalog.choices import ReplicaState

@@ -9,9 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from catalog import services
 from catalog.models import GPUClass, Profile
-from tests.browser.database import django_db_modify_db_settings  # noqa: F401 - a file the worker opens too
 from tests.builders import make_model, use_shape
 
 # Playwright's sync API runs an event loop in this thread; the ORM calls made from the
@@ -51,13 +49,6 @@ def browser_type_launch_args(browser_type_launch_args):
 @pytest.fixture(autouse=True)
 def fast_password_hasher(settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture
-def enqueued(monkeypatch):
-    calls = []
-    monkeypatch.setattr(services, "_enqueue_rollout", calls.append)
-    return calls
 
 
 @pytest.fixture

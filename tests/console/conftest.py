@@ -1,17 +1,7 @@
 import pytest
 from django.test import Client
 
-from catalog import services
-from tests.browser.database import django_db_modify_db_settings  # noqa: F401 - same database as tests/browser
 from tests.builders import make_model, use_shape
-
-
-@pytest.fixture
-def enqueued(monkeypatch):
-    """Rollouts handed to Celery (no broker here: the rollout has its own tests)."""
-    calls = []
-    monkeypatch.setattr(services, "_enqueue_rollout", calls.append)
-    return calls
 
 
 @pytest.fixture

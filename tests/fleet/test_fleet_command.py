@@ -45,7 +45,7 @@ def test_fleet_up_places_each_profile_on_nodes_of_its_kind(catalog_rows):
     # (a transactional test starts from an empty database: no seeded GPU classes)
     l4 = GPUClass.objects.create(name="L4", memory_gb=22.49, usable_gb=22.0, source="test")
     h100 = GPUClass.objects.create(name="H100-80G", memory_gb=79.65, usable_gb=79.1, source="test")
-    cpu = Node.objects.create(name="cpu-1", host="127.0.0.1")
+    Node.objects.create(name="cpu-1", host="127.0.0.1")
     l4_node = Node.objects.create(name="l4-1", host="127.0.0.1", gpu_class=l4, gpu_count=4)
     Node.objects.create(name="h100-1", host="127.0.0.1", gpu_class=h100, gpu_count=1)
     model, _ = catalog_rows("tiny", ["--ctx-size", "1024", "--parallel", "1", "--threads", "1"])

@@ -7,31 +7,18 @@ from __future__ import annotations
 
 import os
 import socket
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 import redis
 import uvicorn
-from django.conf import settings
 from django.utils import timezone
 
 from .upstream import FakeEngine
 
 TEST_REDIS_URL = os.environ.get("LLMGW_TEST_ROUTER_REDIS_URL", "redis://127.0.0.1:6379/12")
-
-# The router reads the catalog from threads of its own, and the rollout test runs the fleet
-# in more: a test database in a file (SQLite's shared in-memory one answers "table is locked"
-# to a reader while another connection writes). Set at collection, before the database is
-# made; tests/fleet/conftest.py does the same, whichever comes first.
-_db = settings.DATABASES["default"]
-_test = _db.setdefault("TEST", {})
-if _db["ENGINE"].endswith("sqlite3") and not _test.get("NAME"):
-    _test["NAME"] = str(Path(tempfile.mkdtemp(prefix="llmgw-router-db-")) / "test.sqlite3")
-
 
 def _free_port() -> int:
     with socket.socket() as s:
