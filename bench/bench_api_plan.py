@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -41,13 +40,7 @@ urlpatterns = [
 
 
 def measure(client: Client, url: str, body: str, headers: dict, n: int) -> list[float]:
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        response = client.post(url, body, content_type="application/json", headers=headers)
-        times.append(time.perf_counter() - t)
-        assert response.status_code == 200, (response.status_code, response.content[:300])
-    return times
+    return bench_preview.measure(client, url, body, n, content_type="application/json", headers=headers)
 
 
 def run(n: int) -> None:
