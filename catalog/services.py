@@ -16,9 +16,10 @@ from django.db import IntegrityError, transaction
 from django.db.models import Prefetch
 from django.utils import timezone
 
-from catalog import audit, tasks
+from catalog import audit, plan_inputs, tasks
 from catalog.choices import ChangeKind, ChangeState, Engine, Source
 from catalog.domain.args import get_int
+from catalog.domain.shape import Shape
 from catalog.fleet import surge_possible as fleet_surge_possible
 from catalog.domain.plan import (
     PARALLEL,
@@ -172,13 +173,27 @@ def _not_found(name: str) -> NotFound:
     return NotFound(refusal.message, field=refusal.field)
 
 
-def preview(name: str, *, tokens: int = 0, slots: int = 0, max_output: int = 0) -> Plan:
-    """What the change would do, or why it would be refused. Writes nothing (but the shape's cache)."""
+def _planning_inputs(name: str) -> tuple[ModelInput, Shape | None, str]:
+    """What a preview plans from (4 queries, or the shape's first read); NotFound without a model."""
     model = _models_for_planning().filter(name=name).first()
     if model is None:
         raise _not_found(name)
     shape, note = _shape_of(model)
-    return _plan(model, name, ChangeRequest(tokens=tokens, slots=slots, max_output=max_output), shape, note)
+    return model_input(model), shape, note
+
+
+def preview(name: str, *, tokens: int = 0, slots: int = 0, max_output: int = 0) -> Plan:
+    """What the change would do, or why it would be refused. Writes nothing (but the shape's
+    cache). Plans from inputs kept while the catalog does not change (catalog.plan_inputs)."""
+    model, shape, note = plan_inputs.cached(name, lambda: _planning_inputs(name))
+    return plan_change(
+        model,
+        shape,
+        note,
+        ChangeRequest(tokens=tokens, slots=slots, max_output=max_output),
+        name=name,
+        default_max_output_cap=settings.LLMGW_DEFAULT_MAX_OUTPUT,
+    )
 
 
 # ----------------------------------------------------------------------------- changing

@@ -16,6 +16,7 @@ from pathlib import Path
 from django.conf import settings
 from django.utils import timezone
 
+from catalog import plan_inputs
 from catalog.domain import gguf
 from catalog.domain.hf import HFError, fetch_hf, shape_from_hf_config
 from catalog.domain.kv import ShapeError, shape_from_gguf
@@ -141,6 +142,7 @@ def _store(model, shape: Shape | None, error: str, key: str) -> None:
     now = timezone.now()
     data = shape.to_dict() if shape is not None else None
     type(model).objects.filter(pk=model.pk).update(shape=data, shape_key=key, shape_error=error, shape_read_at=now)
+    plan_inputs.catalog_changed()  # an update() sends no signal
     model.shape, model.shape_key, model.shape_error, model.shape_read_at = data, key, error, now
 
 

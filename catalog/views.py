@@ -7,6 +7,7 @@ named partial of the same template (`"page.html#partial"`), without it the whole
 
 from __future__ import annotations
 
+import html
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -16,7 +17,6 @@ from django.core.paginator import Paginator
 from django.db.models import Count, OuterRef, Prefetch, Q, Subquery
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRedirect, HttpResponseStopPolling, trigger_client_event
@@ -48,29 +48,36 @@ LOG_LINES = 50
 
 # ----------------------------------------------------------------------------- presentation
 # Plans come as `catalog.domain.plan.Plan` (a preview) or as its `to_dict()` (a change's
-# record): `_get` reads either, and the view objects below are what templates draw.
+# record, read through `_record` so that both are read by attribute); the view objects
+# below are what templates draw.
 
 
-def _get(obj, key, default=None):
-    if obj is None:
-        return default
-    if isinstance(obj, dict):
-        return obj.get(key, default)
-    return getattr(obj, key, default)
+def _record(value):
+    """A plan's record (dicts and lists, as a change keeps it) readable like the Plan itself:
+    each dict a namespace, at any depth (an empty one: None, nothing known); a key a record
+    lacks reads as getattr's default."""
+    if isinstance(value, dict):
+        if not value:
+            return None
+        return SimpleNamespace(**{str(k): _record(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return [_record(v) for v in value]
+    return value
 
 
 def arg_diff(before: Sequence[str], after: Sequence[str], changed_flags: Sequence[str]) -> SafeString:
     """The arguments after the change as HTML, each changed flag marked with its old value
-    struck out (added when it had none). Built here rather than in a template loop: a plan
-    has a few dozen arguments per profile, and the preview renders on every keystroke."""
+    struck out (added when it had none). Built here with f-strings rather than in a template
+    loop or format_html: a plan has a few dozen arguments per profile, and the preview
+    renders on every keystroke. Every argument is escaped (`_e`)."""
     before, after = list(before or ()), list(after or ())
     parts = []
     i = 0
     while i < len(after):
         a = after[i]
-        flag = next((f for f in changed_flags if a == f or a.startswith(f + "=")), None)
-        if flag is None:
-            parts.append(format_html('<span class="arg">{}</span>', a))
+        flag = a.partition("=")[0] if a.startswith("-") else None
+        if flag not in changed_flags:
+            parts.append(f'<span class="arg">{_e(a)}</span>')
             i += 1
             continue
         if a == flag and i + 1 < len(after):
@@ -78,14 +85,17 @@ def arg_diff(before: Sequence[str], after: Sequence[str], changed_flags: Sequenc
         else:
             value, sep, i = a[len(flag) + 1 :], "=", i + 1
         old = get_arg(before, flag)
-        struck = format_html('<del title="before">{}</del>', old) if old is not None and old != value else ""
+        struck = f'<del title="before">{_e(old)}</del>' if old is not None and old != value else ""
         parts.append(
-            format_html(
-                '<span class="arg changed{}">{}{}{}<ins title="after">{}</ins></span>',
-                " added" if old is None else "", flag, sep, struck, value,
-            )
+            f'<span class="arg changed{" added" if old is None else ""}">{_e(flag)}{sep}{struck}'
+            f'<ins title="after">{_e(value)}</ins></span>'
         )
-    return mark_safe(" ".join(parts))  # noqa: S308 - every part is escaped by format_html
+    return mark_safe(" ".join(parts))  # noqa: S308 - every argument is escaped
+
+
+def _e(text) -> str:
+    """HTML-escaped text (what Django's escape does, without its lazy-string wrapper)."""
+    return html.escape(str(text), quote=True)
 
 
 def _finite(x) -> float | None:
@@ -96,50 +106,49 @@ def _finite(x) -> float | None:
     return x if math.isfinite(x) else None
 
 
+MEMORY_KINDS = (("weights", "weights_gb"), ("kv", "kv_gb"), ("state", "state_gb"), ("reserve", "reserve_gb"))
+DOES_NOT_FIT = ' <strong class="bad">does not fit</strong>'
+USABLE_KEY = ' <span class="key key-usable"></span>usable'
+
+
 def memory_html(*labelled: tuple[str, object]) -> SafeString | None:
     """Memory bars, one per (label, MemoryTerms) given, on one scale (the card's usable
     memory, or the largest need): weights / KV / state / reserve, the usable line, and the
-    part past it hatched red; None when no terms are known. HTML built here: the preview
-    draws it for every profile on every keystroke, and a template loop costs ten times more."""
+    part past it hatched red; None when no terms are known. HTML built here with f-strings
+    (text escaped by `_e`, numbers formatted): the preview draws it for every profile on
+    every keystroke, and a template loop costs ten times more."""
     terms = [(label, t) for label, t in labelled if t]
     if not terms:
         return None
-    usable = next((_finite(_get(t, "usable_gb")) for _, t in reversed(terms) if _finite(_get(t, "usable_gb"))), None)
-    needs = [_finite(_get(t, "need_gb")) or 0.0 for _, t in terms]
+    usable = next(filter(None, (_finite(getattr(t, "usable_gb", None)) for _, t in reversed(terms))), None)
+    needs = [_finite(getattr(t, "need_gb", None)) or 0.0 for _, t in terms]
     scale = max([usable or 0.0, *needs]) or 1.0
     line = zone = ""
     if usable:
         left = f"{100 * usable / scale:.2f}"
-        zone = format_html('<span class="mem-zone" style="left:{}%"></span>', left)
-        line = format_html('<span class="mem-usable" style="left:{}%" title="usable: {} GB a card"></span>', left, f"{usable:g}")
+        zone = f'<span class="mem-zone" style="left:{left}%"></span>'
+        line = f'<span class="mem-usable" style="left:{left}%" title="usable: {usable:g} GB a card"></span>'
     rows = []
     for label, t in terms:
         segments = []
-        for kind in ("weights", "kv", "state", "reserve"):
-            gb = _finite(_get(t, f"{kind}_gb")) or 0.0
+        for kind, attr in MEMORY_KINDS:
+            gb = _finite(getattr(t, attr, None)) or 0.0
             if gb > 0:
-                segments.append(
-                    format_html('<span class="seg seg-{}" style="width:{}%" title="{}: {} GB"></span>',
-                                kind, f"{100 * gb / scale:.2f}", kind, f"{gb:.1f}")
-                )
-        text = _get(t, "text", "") or "—"
-        over = _get(t, "fits") is False
+                segments.append(f'<span class="seg seg-{kind}" style="width:{100 * gb / scale:.2f}%" title="{kind}: {gb:.1f} GB"></span>')
+        label, text = _e(label), _e(getattr(t, "text", "") or "—")
+        over = getattr(t, "fits", None) is False
         rows.append(
-            format_html(
-                '<div class="mem-row{}"><span class="mem-label">{}</span>'
-                '<div class="mem-track" role="img" aria-label="{}: {}">{}{}{}</div>'
-                '<span class="mem-text">{}{}</span></div>',
-                " over" if over else "", label, label, text, zone, mark_safe("".join(segments)), line, text,  # noqa: S308
-                mark_safe(' <strong class="bad">does not fit</strong>') if over else "",
-            )
+            f'<div class="mem-row{" over" if over else ""}"><span class="mem-label">{label}</span>'
+            f'<div class="mem-track" role="img" aria-label="{label}: {text}">{zone}{"".join(segments)}{line}</div>'
+            f'<span class="mem-text">{text}{DOES_NOT_FIT if over else ""}</span></div>'
         )
-    legend = format_html(
+    legend = (
         '<div class="mem-legend"><span class="key seg-weights"></span>weights <span class="key seg-kv"></span>KV cache '
-        '<span class="key seg-state"></span>state <span class="key seg-reserve"></span>reserve{}</div>',
-        mark_safe(' <span class="key key-usable"></span>usable') if usable else "",
+        '<span class="key seg-state"></span>state <span class="key seg-reserve"></span>reserve'
+        f'{USABLE_KEY if usable else ""}</div>'
     )
-    where = _get(terms[-1][1], "where", "card")
-    return format_html('<div class="mem mem-{}">{}{}</div>', where, mark_safe("".join(rows)), legend)  # noqa: S308
+    where = _e(getattr(terms[-1][1], "where", "card"))
+    return mark_safe(f'<div class="mem mem-{where}">{"".join(rows)}{legend}</div>')  # noqa: S308 - text escaped
 
 
 @dataclass
@@ -153,6 +162,31 @@ class ProfileView:
     restart_label: str
     refusal: str
     note: str
+
+    @property
+    def card(self) -> SafeString:
+        """The profile's plan as the preview and the change page draw it: name, engine,
+        restart policy, refusal, the argument diff, the memory bars, the note. HTML built
+        here (text escaped by `_e`) for the same reason as the bars: eight of these on
+        every keystroke cost a template five times more."""
+        parts = [
+            f'<article class="profile{" refused" if self.refusal else ""}" data-profile="{_e(self.name)}"><header>'
+            f'<h3>{_e(self.name)}</h3> <span class="tag">{_e(self.engine_label)}</span> '
+            f'<span class="restart restart-{_e(self.restart)}" title="restart policy">{_e(self.restart_label)}</span>'
+            "</header>"
+        ]
+        if self.refusal:
+            parts.append(f'<p class="error" role="alert">{_e(self.refusal)}</p>')
+        parts.append(f'<code class="argv">{self.args or NO_ARGUMENTS}</code>')
+        if self.memory:
+            parts.append(self.memory)
+        if self.note:
+            parts.append(f'<p class="note">{_e(self.note)}</p>')
+        parts.append("</article>")
+        return mark_safe("".join(parts))  # noqa: S308 - text escaped; args and memory are built escaped
+
+
+NO_ARGUMENTS = '<span class="muted">no arguments</span>'
 
 
 @dataclass
@@ -179,36 +213,38 @@ def plan_view(plan) -> PlanView | None:
     """What the templates draw of a Plan (or of its to_dict())."""
     if not plan:
         return None
-    refusal = _get(plan, "refusal")
+    if isinstance(plan, dict):
+        plan = _record(plan)
+    refusal = getattr(plan, "refusal", None)
     profiles = []
-    for p in _get(plan, "profiles", ()) or ():
-        restart = _get(p, "restart", "none")
-        before, after = _get(p, "args_before", ()), _get(p, "args_after", ())
+    for p in getattr(plan, "profiles", ()) or ():
+        restart = getattr(p, "restart", "none")
+        before, after = getattr(p, "args_before", ()), getattr(p, "args_after", ())
         profiles.append(
             ProfileView(
-                name=_get(p, "profile", ""),
-                engine=_get(p, "engine", ""),
-                engine_label=ENGINE_LABELS.get(_get(p, "engine", ""), _get(p, "engine", "")),
-                args=arg_diff(before, after, _get(p, "changed_flags", ()) or ()),
-                memory=memory_html(("before", _get(p, "memory_before")), ("after", _get(p, "memory_after"))),
+                name=getattr(p, "profile", ""),
+                engine=getattr(p, "engine", ""),
+                engine_label=ENGINE_LABELS.get(getattr(p, "engine", ""), getattr(p, "engine", "")),
+                args=arg_diff(before, after, getattr(p, "changed_flags", ()) or ()),
+                memory=memory_html(("before", getattr(p, "memory_before", None)), ("after", getattr(p, "memory_after", None))),
                 restart=restart,
                 restart_label=RESTART_LABELS.get(restart, restart),
-                refusal=_get(_get(p, "refusal"), "message", ""),
-                note=_get(p, "note", ""),
+                refusal=getattr(getattr(p, "refusal", None), "message", ""),
+                note=getattr(p, "note", ""),
             )
         )
     return PlanView(
         ok=refusal is None,
-        output_only=bool(_get(plan, "output_only")),
-        context_before=_get(plan, "context_before", 0),
-        context_after=_get(plan, "context_after", 0),
-        max_output_before=_get(plan, "max_output_before", 0),
-        max_output_after=_get(plan, "max_output_after", 0),
-        trained=_get(plan, "trained", 0),
-        slots=_get(plan, "slots", 0),
-        notes=list(_get(plan, "notes", ()) or ()),
-        refusal_field=_get(refusal, "field", "") or "",
-        refusal=_get(refusal, "message", "") or "",
+        output_only=bool(getattr(plan, "output_only", None)),
+        context_before=getattr(plan, "context_before", 0),
+        context_after=getattr(plan, "context_after", 0),
+        max_output_before=getattr(plan, "max_output_before", 0),
+        max_output_after=getattr(plan, "max_output_after", 0),
+        trained=getattr(plan, "trained", 0),
+        slots=getattr(plan, "slots", 0),
+        notes=list(getattr(plan, "notes", ()) or ()),
+        refusal_field=getattr(refusal, "field", "") or "",
+        refusal=getattr(refusal, "message", "") or "",
         profiles=profiles,
     )
 
@@ -314,7 +350,7 @@ def _model_page_context(model: Model, user, form: ContextForm, plan=None, error:
     memory = {}
     if planned is not None:
         for p in planned.plan.get("profiles") or ():
-            memory[p.get("profile")] = memory_html(("planned", p.get("memory_after")))
+            memory[p.get("profile")] = memory_html(("planned", _record(p.get("memory_after"))))
     for p in profiles:
         p.memory = memory.get(p.name)
     pv = plan_view(plan)

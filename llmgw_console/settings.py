@@ -205,6 +205,9 @@ LLMGW_MIRROR_ROOT = Path(os.environ.get("LLMGW_MIRROR_ROOT") or DATA_DIR / "mirr
 LLMGW_SHAPE_TIMEOUT = env_float("LLMGW_SHAPE_TIMEOUT", 10.0)
 # A shape that could not be read is tried again after this many seconds.
 LLMGW_SHAPE_ERROR_TTL = env_float("LLMGW_SHAPE_ERROR_TTL", 60.0)
+# How long a process keeps what a preview plans from (catalog/plan_inputs.py); any write to
+# the catalog drops it at once. 0: read the catalog on every preview.
+LLMGW_PLAN_INPUTS_SECONDS = env_float("LLMGW_PLAN_INPUTS_SECONDS", 1.0)
 
 # Fleet: which backend starts engines, and the command of each engine kind.
 LLMGW_FLEET_BACKEND = os.environ.get("LLMGW_FLEET_BACKEND", "local")

@@ -23,6 +23,17 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix, t
         test["NAME"] = f"test_{db['NAME']}_{os.getpid()}"
 
 
+@pytest.fixture(autouse=True)
+def _fresh_plan_inputs():
+    """Each test starts with no kept planning inputs: the database a test rolls back sends no
+    signal, so a model of the previous test could otherwise be kept under the same name."""
+    from catalog import plan_inputs
+
+    plan_inputs.clear()
+    yield
+    plan_inputs.clear()
+
+
 @pytest.fixture
 def enqueued(monkeypatch):
     """The rollouts handed to Celery, recorded instead (no broker, no worker: the rollout

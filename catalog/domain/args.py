@@ -6,23 +6,44 @@ place, so an admin's own spelling survives a change."""
 
 from __future__ import annotations
 
+import functools
+
 
 def _looks_like_flag(a: str) -> bool:
     """`--x`, `--` or `-x`: never a flag's value (a negative number such as `-1` is one)."""
     return a.startswith("--") or (len(a) > 1 and a[0] == "-" and a[1].isalpha())
 
 
-def _find(args: list[str], names: tuple[str, ...]) -> tuple[int, str, bool] | None:
-    """Where a flag is: (index, the name used, written with '='), the last occurrence wins
-    as it does for the engines' argument parsers. A name followed by another flag has no
-    value, so that flag is not taken for it (and not overwritten by set_arg)."""
-    found = None
+@functools.lru_cache(maxsize=4096)
+def _scan(args: tuple[str, ...]) -> tuple[dict[str, tuple[int, bool]], frozenset[str]]:
+    """One pass over an argument list: each flag given a value → (the index of its last
+    occurrence, written with '='), and every flag present. A name followed by another flag
+    has no value, so that flag is not taken for it (and not overwritten by set_arg).
+    Cached: a preview reads the same few lists a dozen times each."""
+    valued: dict[str, tuple[int, bool]] = {}
+    present = set()
+    last = len(args) - 1
     for i, a in enumerate(args):
-        for name in names:
-            if a == name and i + 1 < len(args) and not _looks_like_flag(args[i + 1]):
-                found = (i, name, False)
-            elif a.startswith(name + "="):
-                found = (i, name, True)
+        if not a.startswith("-"):  # a value
+            continue
+        name, eq, _ = a.partition("=")
+        present.add(name)
+        if eq:
+            valued[name] = (i, True)
+        elif i < last and not _looks_like_flag(args[i + 1]):
+            valued[name] = (i, False)
+    return valued, frozenset(present)
+
+
+def _find(args: list[str], names: tuple[str, ...]) -> tuple[int, str, bool] | None:
+    """Where a flag is: (index, the name used, written with '='); of its names (aliases) the
+    last occurrence wins, as it does for the engines' argument parsers."""
+    valued = _scan(tuple(args))[0]
+    found = None
+    for name in names:
+        at = valued.get(name)
+        if at is not None and (found is None or at[0] > found[0]):
+            found = (at[0], name, at[1])
     return found
 
 
@@ -46,7 +67,8 @@ def get_int(args: list[str], *names: str) -> int:
 
 def has_flag(args: list[str], *names: str) -> bool:
     """Whether a flag without a value (e.g. `--swa-full`) is present."""
-    return any(a in names or any(a.startswith(n + "=") for n in names) for a in args)
+    present = _scan(tuple(args))[1]
+    return any(n in present for n in names)
 
 
 def set_arg(args: list[str], value: str, *names: str) -> list[str]:

@@ -10,9 +10,10 @@ documented in docs/memory.md.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 
 from catalog.domain.args import get_arg, get_int, has_flag, set_arg
 from catalog.domain.shape import Shape
@@ -155,19 +156,28 @@ class Plan:
         return self.refusal is None
 
     def to_dict(self) -> dict:
-        d = _json_ready(asdict(self))
+        d = _json_ready(self)
         d["ok"] = self.ok
         return d
 
 
+@functools.cache
+def _field_names(cls) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls))
+
+
 def _json_ready(value):
-    if isinstance(value, dict):
-        return {k: _json_ready(v) for k, v in value.items()}
+    """A plan's dataclasses as JSON's dicts and lists (dataclasses.asdict without its deep
+    copies: a plan is built of immutable values, and the preview sends one per keystroke)."""
+    if isinstance(value, (str, int, bool)) or value is None:
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None  # strict JSON has no Infinity: shown as unknown
     if isinstance(value, (list, tuple)):
         return [_json_ready(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None  # strict JSON has no Infinity; a need that large is shown as unknown
-    return value
+    if isinstance(value, dict):
+        return {k: _json_ready(v) for k, v in value.items()}
+    return {name: _json_ready(getattr(value, name)) for name in _field_names(type(value))}
 
 
 # ----------------------------------------------------------------------------- rules
@@ -373,7 +383,7 @@ def _profile_plan(p: ProfileInput, model: ModelInput, shape: Shape | None, token
         ctx_after, slots_after = _context_of(p.engine, after, tokens)
         try:
             if ctx_before > 0:
-                memory_before = profile_memory(p, shape, ctx_before, slots_before, before)
+                memory_before = _memory_now(p, shape, ctx_before, slots_before, before)
             memory_after = profile_memory(p, shape, ctx_after, slots_after, after)
         except ValueError as e:  # kv.KVError: e.g. a cache type the engine does not know
             memory_before = memory_after = None
@@ -489,6 +499,12 @@ def profile_memory(p: ProfileInput, shape: Shape, context: int, slots: int, args
         gpu=p.gpu_class,
         args=args,
     )
+
+
+@functools.lru_cache(maxsize=1024)
+def _memory_now(p: ProfileInput, shape: Shape, context: int, slots: int, args: tuple[str, ...]) -> MemoryTerms:
+    """profile_memory of a profile as it runs: the same on every keystroke of a preview."""
+    return profile_memory(p, shape, context, slots, args)
 
 
 def cards_of(p: ProfileInput) -> int:

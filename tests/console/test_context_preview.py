@@ -172,9 +172,14 @@ def test_the_preview_costs_no_query_beyond_the_services(operator_client, model, 
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from catalog import services
+    from catalog import plan_inputs, services
 
     with CaptureQueriesContext(connection) as service:
         services.preview(model.name, tokens=16384)
+    assert service.captured_queries  # the model, its profiles and classes, the fleet's room
+    plan_inputs.clear()
     with django_assert_num_queries(2 + len(service.captured_queries)):  # the session and its user
         preview(operator_client, model, tokens="16384")
+    # While the catalog does not change, the next keystrokes plan from what was read.
+    with django_assert_num_queries(2):
+        preview(operator_client, model, tokens="32768")
