@@ -2,6 +2,10 @@
 `dry_run`) for a model with 8 profiles whose shape is cached, against an empty DRF endpoint
 (same authentication, same JSON body) measured in the same run.
 
+As in bench_preview.py: every request asks for a context no earlier one asked for, what a
+plan is made from is kept between requests as in production (its Redis version read on
+every request), and the test environment's instrumentation is not installed.
+
 Run:  .venv/bin/python bench/bench_api_plan.py [--requests 300]
 
 Prints the median (and p90) server time per request, the SQL queries per request and the
@@ -11,6 +15,7 @@ ratio to the empty endpoint. Goal: <= 2x the empty endpoint, <= 6 queries.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -20,7 +25,7 @@ import bench_preview  # noqa: E402  (sets Django up; its catalog of 8 profiles i
 from django.contrib.auth.models import Permission, User  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.test import Client, override_settings  # noqa: E402
-from django.test.utils import CaptureQueriesContext, setup_databases, setup_test_environment, teardown_databases  # noqa: E402
+from django.test.utils import CaptureQueriesContext, setup_databases, teardown_databases  # noqa: E402
 from django.urls import include, path  # noqa: E402
 from rest_framework.response import Response  # noqa: E402
 from rest_framework.views import APIView  # noqa: E402
@@ -46,25 +51,33 @@ def measure(client: Client, url: str, body: str, headers: dict, n: int) -> list[
 def run(n: int) -> None:
     from rest_framework.authtoken.models import Token
 
+    from catalog import plan_inputs
+
     model = bench_preview.build_catalog()
     user = User.objects.create_user("operator", password="x")
     user.user_permissions.add(Permission.objects.get(codename="change_context"))
     headers = {"Authorization": f"Token {Token.objects.create(user=user).key}"}
     client = Client()
     url = f"/api/v1/models/{model.name}/context"
-    body = '{"tokens": 32768, "slots": 2, "dry_run": true, "message": "bench"}'
+
+    def body() -> str:
+        return json.dumps({"tokens": bench_preview.next_tokens(), "slots": 2, "dry_run": True, "message": "bench"})
+
     for _ in range(20):
         measure(client, url, body, headers, 1)
         measure(client, "/bench/empty/", body, headers, 1)
-    plan = client.post(url, body, content_type="application/json", headers=headers).json()["plan"]
-    assert len(plan["profiles"]) == 8 and plan["refusal"] is None, plan.get("refusal")
+    for _ in range(3):
+        plan = client.post(url, body(), content_type="application/json", headers=headers).json()["plan"]
+        assert len(plan["profiles"]) == 8 and plan["refusal"] is None, plan.get("refusal")
 
     empty_t, plan_t = [], []
     for _ in range(5):  # interleaved, so both see the same machine load
         empty_t += measure(client, "/bench/empty/", body, headers, n // 5)
         plan_t += measure(client, url, body, headers, n // 5)
     queries = {}
-    for name, u in (("empty", "/bench/empty/"), ("plan", url)):
+    for name, u in (("empty", "/bench/empty/"), ("plan", url), ("first plan", url)):
+        if name == "first plan":
+            plan_inputs.clear()  # as after a write to the catalog: the first plan reads it again
         with CaptureQueriesContext(connection) as ctx:
             measure(client, u, body, headers, 1)
         queries[name] = len(ctx.captured_queries)
@@ -76,21 +89,21 @@ def run(n: int) -> None:
         return sorted(xs)[int(len(xs) * 0.9)]
 
     e, p = statistics.median(empty_t), statistics.median(plan_t)
-    print(f"requests per endpoint: {len(plan_t)} (8 profiles, shape cached, token auth)")
+    print(f"requests per endpoint: {len(plan_t)} (8 profiles, shape cached, token auth, a new context each request)")
     print(f"empty DRF endpoint : median {ms(e)}  p90 {ms(p90(empty_t))}  queries {queries['empty']}")
-    print(f"dry-run plan       : median {ms(p)}  p90 {ms(p90(plan_t))}  queries {queries['plan']}")
+    print(f"dry-run plan       : median {ms(p)}  p90 {ms(p90(plan_t))}  queries {queries['plan']}"
+          f" ({queries['first plan']} on the first plan after a catalog write)")
     print(f"ratio plan / empty : {p / e:.2f}x   (goal <= 2x)")
-    print(f"queries per plan   : {queries['plan']}   (goal <= 6)")
+    print(f"queries per plan   : {max(queries['plan'], queries['first plan'])} at most   (goal <= 6)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=300)
     n = parser.parse_args().requests
-    setup_test_environment()
     old = setup_databases(verbosity=0, interactive=False)
     try:
-        with override_settings(ROOT_URLCONF=sys.modules[__name__], DEBUG=False):
+        with override_settings(ROOT_URLCONF=sys.modules[__name__], ALLOWED_HOSTS=["testserver"], DEBUG=False):
             run(n)
     finally:
         teardown_databases(old, verbosity=0)

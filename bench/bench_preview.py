@@ -7,7 +7,7 @@ Run:  .venv/bin/python bench/bench_preview.py [--requests 300]
 Every preview asks for a context no earlier request asked for (as an admin typing does), so
 nothing computed from a request can be reused; what a plan is made from (the catalog's rows,
 the fleet's room, the shape) is kept between requests as in production (catalog.plan_inputs),
-its Redis version read on every request. The test environment's template instrumentation
+dropped whenever the catalog changes. The test environment's template instrumentation
 (django.test.utils.setup_test_environment, which copies every template context for the test
 client) is not installed: it is not part of a server's time.
 
@@ -224,7 +224,6 @@ def run(n: int) -> None:
     kwargs = {"tokens": 32768, "slots": 2, "max_output": 0}
     plan = services.preview(model.name, **kwargs)
     svc = timed(lambda: services.preview(model.name, **kwargs), 200)
-    version = timed(plan_inputs._version, 200)
     with CaptureQueriesContext(connection) as ctx:
         inputs = services._planning_inputs(model.name)
     load_queries = [q["sql"] for q in ctx.captured_queries]
@@ -243,7 +242,6 @@ def run(n: int) -> None:
     print()
     print("where the preview's time goes (median, called directly):")
     print(f"  services.preview                 {ms(svc)}")
-    print(f"    of which the catalog's version {ms(version)}  (a Redis GET)")
     print(f"    of which the plan              {ms(domain)}")
     print(f"  plan_view + fragment             {ms(tpl)}")
     print(f"  the rest (middleware, session, auth, form, client) ~ {ms(max(prev_med - svc - tpl, 0))}")

@@ -7,20 +7,25 @@ shape and its note. Reading those costs four queries, most of a preview's time; 
 module keeps them per model name.
 
 Freshness. Every save or delete of a model, profile, GPU class, node, replica or origin file
-increments `llmgw:catalog:version` in Redis twice: at the save, so that a transaction sees
-its own writes, and once the transaction commits, so that no process keeps what it read in
-between. An entry is used only while the version is the one read before it was loaded, and
-for at most `LLMGW_PLAN_INPUTS_SECONDS` (default 1 s; 0 turns this cache off): a write that
-skips signals (`QuerySet.update`) is seen within that. When Redis cannot answer, nothing is
-cached and every preview reads the catalog (Redis is tried again after 5 s).
+(and the few writes that skip signals, which call `catalog_changed` themselves) drops what
+this process keeps at once, and publishes `llmgw:catalog:changed` on Redis twice: at the
+save, and again once the transaction commits, so that no process keeps what it read in
+between. Each process listens to that channel in a thread and drops what it keeps on every
+message, so a preview costs no round trip to learn that nothing changed. An entry is used
+only while no change was seen since it was read, and for at most
+`LLMGW_PLAN_INPUTS_SECONDS` (default 1 s; 0 turns this off): whatever a message cannot
+reach (a write that calls nothing, a network that drops silently) is seen within that.
+While the listener is not subscribed (Redis down, or starting), nothing is kept and every
+preview reads the catalog.
 
-Only previews read through it. `services.request_change` plans from rows it reads under
+Only previews read through here. `services.request_change` plans from rows it reads under
 the model's lock, so a stale entry can only show a plan a moment old, never apply one."""
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -30,62 +35,46 @@ from django.db import transaction
 
 log = logging.getLogger(__name__)
 
-VERSION_KEY = "llmgw:catalog:version"
-REDIS_RETRY_SECONDS = 5.0
+CHANNEL = "llmgw:catalog:changed"
+RETRY_SECONDS = 2.0  # between two attempts to subscribe, and to publish after a failure
 MAX_ENTRIES = 1000
 
 T = TypeVar("T")
 
-_entries: dict[str, tuple[float, bytes, object]] = {}  # name → (expires, version, inputs)
-_clients: dict = {}
-_redis_down_until = 0.0
+_entries: dict[str, tuple[float, int, object]] = {}  # name → (expires, generation, inputs)
+_lock = threading.Lock()
+_generation = 0  # one more for every change seen, this process's own at once
+_listening = False  # subscribed: other processes' changes reach this one
+_listener: tuple[int, object] | None = None  # (process, token) of the thread that listens
+_publisher: dict = {}
+_publish_failed_at = 0.0
 
 
-def _redis():
-    import redis
-
-    key = (os.getpid(), settings.REDIS_URL)
-    client = _clients.get(key)
-    if client is None:
-        # Short timeouts: a preview must not wait on a Redis that hangs.
-        client = _clients[key] = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5)
-    return client
-
-
-def _redis_failed(doing: str) -> None:
-    global _redis_down_until
-    if time.monotonic() >= _redis_down_until:
-        log.warning("catalog version: Redis could not %s; previews read the catalog every time for %.0f s",
-                    doing, REDIS_RETRY_SECONDS, exc_info=True)
-    _redis_down_until = time.monotonic() + REDIS_RETRY_SECONDS
-
-
-def _version() -> bytes | None:
-    """The catalog's version, or None when it cannot be known (nothing is cached then)."""
-    if time.monotonic() < _redis_down_until:
-        return None
-    try:
-        return _redis().get(VERSION_KEY) or b"0"
-    except Exception:  # noqa: BLE001 - redis-py raises its own errors and the socket's
-        _redis_failed("be read")
-        return None
+def _seen_change() -> None:
+    global _generation
+    with _lock:
+        _generation += 1
 
 
 def cached(name: str, load: Callable[[], T]) -> T:
-    """The inputs of model `name`: kept ones while the catalog has not changed, else load()'s
-    (which may raise; nothing is kept then)."""
+    """The inputs of model `name`: the kept ones while no change was seen since they were
+    read, else load()'s (which may raise; nothing is kept then)."""
     ttl = float(settings.LLMGW_PLAN_INPUTS_SECONDS)
-    version = _version() if ttl > 0 else None
-    if version is None:
+    if ttl <= 0:
         return load()
+    if _listener is None or _listener[0] != os.getpid():  # a forked child starts its own
+        _start_listener()
+    if not _listening:
+        return load()
+    generation = _generation  # before reading: a change during load() makes this entry old
     now = time.monotonic()
     entry = _entries.get(name)
-    if entry is not None and entry[0] > now and entry[1] == version:
+    if entry is not None and entry[1] == generation and entry[0] > now:
         return entry[2]  # type: ignore[return-value]
     value = load()
     if len(_entries) >= MAX_ENTRIES:
         _entries.clear()
-    _entries[name] = (now + ttl, version, value)
+    _entries[name] = (now + ttl, generation, value)
     return value
 
 
@@ -94,17 +83,95 @@ def clear() -> None:
     _entries.clear()
 
 
-def bump() -> None:
-    """Increment the catalog's version: every process reads its inputs again."""
-    if time.monotonic() < _redis_down_until:
-        return
-    try:
-        _redis().incr(VERSION_KEY)
-    except Exception:  # noqa: BLE001
-        _redis_failed("be written")
-
-
 def catalog_changed(sender=None, **kwargs) -> None:
-    """A signal receiver (and a call for writes that skip signals): bump now, and again on commit."""
-    bump()
-    transaction.on_commit(bump, robust=True)
+    """A signal receiver (and a call for writes that skip signals): what this process keeps
+    is dropped now; every process is told now and again once the transaction commits."""
+    _publish()
+    transaction.on_commit(_publish, robust=True)
+
+
+def _publish() -> None:
+    global _publish_failed_at
+    _seen_change()
+    if time.monotonic() - _publish_failed_at < RETRY_SECONDS:
+        return  # Redis was just found down: the others' entries expire on their own
+    try:
+        key = (os.getpid(), settings.REDIS_URL)
+        client = _publisher.get(key)
+        if client is None:
+            import redis
+
+            client = _publisher[key] = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5)
+        client.publish(CHANNEL, b"")
+    except Exception:  # noqa: BLE001 - redis-py raises its own errors and the socket's
+        _publish_failed_at = time.monotonic()
+        log.warning("catalog: could not tell other processes that the catalog changed (their previews "
+                    "catch up within %s s)", settings.LLMGW_PLAN_INPUTS_SECONDS, exc_info=True)
+
+
+def _start_listener() -> None:
+    global _listener, _listening
+    with _lock:
+        if _listener is not None and _listener[0] == os.getpid():
+            return
+        token = object()
+        _listener = (os.getpid(), token)
+        _listening = False
+        _entries.clear()  # a forked child does not trust its parent's entries
+    thread = threading.Thread(target=_listen, args=(settings.REDIS_URL, token), name="llmgw-catalog-changes", daemon=True)
+    thread.start()
+
+
+def stop_listening() -> None:
+    """Stop this process's listener (the next preview starts another, with the settings of
+    then) and forget what it kept."""
+    global _listener, _listening
+    with _lock:
+        _listener = None
+        _listening = False
+        _entries.clear()
+
+
+def _current(token: object) -> bool:
+    return _listener is not None and _listener[1] is token
+
+
+def _listen(url: str, token: object) -> None:
+    """Subscribe, and count every message as a change, while this thread is the listener."""
+    global _listening
+    import redis
+
+    quiet_since = 0.0
+    while _current(token):
+        pubsub = None
+        try:
+            client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=10, health_check_interval=5)
+            pubsub = client.pubsub()
+            pubsub.subscribe(CHANNEL)
+            while _current(token):
+                message = pubsub.get_message(timeout=1.0)  # pings every 5 s: a dead link fails here
+                if message is None:
+                    continue
+                _seen_change()  # a change, or the subscription itself: entries from before are old
+                if message["type"] == "subscribe":
+                    with _lock:
+                        if _current(token):
+                            _listening = True
+                    quiet_since = 0.0
+        except Exception:  # noqa: BLE001
+            if not quiet_since:
+                log.warning("catalog: not listening for catalog changes (Redis at %s); previews read the "
+                            "catalog every time until it is back", url, exc_info=True)
+                quiet_since = time.monotonic()
+        finally:
+            with _lock:
+                if _current(token):
+                    _listening = False
+            _seen_change()
+            if pubsub is not None:
+                try:
+                    pubsub.close()
+                except Exception:  # noqa: BLE001
+                    pass
+        if _current(token):
+            time.sleep(RETRY_SECONDS)

@@ -14,6 +14,8 @@ from catalog.models import Change, ChangeStep, Model, Profile, Replica
 # The largest whole number a request may carry: the database's integer columns hold no more.
 INT_MAX = 2**31 - 1
 INT_MIN = -(2**31)
+MESSAGE_MAX = 2000  # characters of a change's "why"
+CONTEXT_REQUEST_DEFAULTS = {"tokens": 0, "slots": 0, "max_output": 0, "message": "", "dry_run": False}
 
 
 class StrictIntegerField(serializers.IntegerField):
@@ -48,8 +50,31 @@ class ContextRequestSerializer(serializers.Serializer):
     max_output = StrictIntegerField(
         required=False, default=0, min_value=INT_MIN, max_value=INT_MAX, help_text="longest answer; 0 or absent: follows the context"
     )
-    message = serializers.CharField(required=False, default="", allow_blank=True, max_length=2000, help_text="why")
+    message = serializers.CharField(required=False, default="", allow_blank=True, max_length=MESSAGE_MAX, help_text="why")
     dry_run = StrictBooleanField(required=False, default=False, help_text="plan only, change nothing")
+
+
+def plain_context_request(data) -> dict | None:
+    """ContextRequestSerializer's validated data for the plain request (what the CLI and
+    the scripts send on every dry run: known fields, JSON integers in range, a one-line
+    message), checked without building a serializer (its fields are rebuilt for each
+    request); None for anything else, which the serializer then decides, errors and all.
+    tests/api/test_context_request.py checks on generated bodies that the two agree."""
+    if type(data) is not dict or not data.keys() <= CONTEXT_REQUEST_DEFAULTS.keys():
+        return None
+    out = dict(CONTEXT_REQUEST_DEFAULTS)
+    for name, value in data.items():
+        if name == "message":
+            # the serializer strips whitespace and refuses NUL and surrogates: leave those to it
+            if type(value) is not str or len(value) > MESSAGE_MAX or value != value.strip() or not value.isprintable():
+                return None
+        elif name == "dry_run":
+            if type(value) is not bool:
+                return None
+        elif type(value) is not int or not INT_MIN <= value <= INT_MAX:
+            return None
+        out[name] = value
+    return out
 
 
 class RollbackRequestSerializer(serializers.Serializer):

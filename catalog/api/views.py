@@ -29,6 +29,7 @@ from .serializers import (
     ReplicaLogSerializer,
     RollbackRequestSerializer,
     change_url,
+    plain_context_request,
 )
 
 SOURCE_HEADER = "HTTP_X_LLMGW_SOURCE"
@@ -186,10 +187,12 @@ class ModelContext(APIView):
         data, bad = _data(request)
         if bad is not None:
             return bad
-        form = ContextRequestSerializer(data=data)
-        if not form.is_valid():
-            return _invalid(form.errors)
-        v = form.validated_data
+        v = plain_context_request(data)
+        if v is None:
+            form = ContextRequestSerializer(data=data)
+            if not form.is_valid():
+                return _invalid(form.errors)
+            v = form.validated_data
         numbers = {"tokens": v["tokens"], "slots": v["slots"], "max_output": v["max_output"]}
         try:
             if v["dry_run"]:
@@ -197,7 +200,7 @@ class ModelContext(APIView):
                 if plan.refusal is not None:
                     r = plan.refusal
                     return _error(r.status, r.message, field=r.field, plan=plan.to_dict() if r.status != 404 else None)
-                return Response(PlanResultSerializer({"dry_run": True, "plan": plan.to_dict(), "change": None}).data)
+                return Response({"dry_run": True, "plan": plan.to_dict(), "change": None})  # PlanResultSerializer's form
             change = services.request_change(name, **numbers, message=v["message"], user=request.user, source=_source(request))
         except services.ServiceError as e:
             return _service_error(request, e)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from catalog.domain.args import get_arg, get_int, has_flag, set_arg
 from catalog.domain.shape import Shape
@@ -107,6 +107,9 @@ class Refusal:
     message: str
     status: int = 400  # 404 for no such model
 
+    def to_dict(self) -> dict:
+        return {"field": self.field, "message": self.message, "status": self.status}
+
 
 @dataclass(frozen=True)
 class MemoryTerms:
@@ -120,6 +123,20 @@ class MemoryTerms:
     usable_gb: float | None  # the engine's budget per card; None when not known (or on RAM)
     fits: bool | None  # None when there is nothing to compare with
     text: str  # "12 GB of RAM", "31.2 GB a card of 2, of 78 usable"
+
+    def to_dict(self) -> dict:
+        return {
+            "where": self.where,
+            "weights_gb": _finite(self.weights_gb),
+            "kv_gb": _finite(self.kv_gb),
+            "state_gb": _finite(self.state_gb),
+            "reserve_gb": _finite(self.reserve_gb),
+            "need_gb": _finite(self.need_gb),
+            "cards": self.cards,
+            "usable_gb": _finite(self.usable_gb),
+            "fits": self.fits,
+            "text": self.text,
+        }
 
 
 @dataclass(frozen=True)
@@ -135,6 +152,21 @@ class ProfilePlan:
     restart: str  # "surge", "in_place" or "none"
     refusal: Refusal | None
     note: str
+
+    def to_dict(self) -> dict:
+        return {
+            "profile": self.profile,
+            "engine": self.engine,
+            "args_before": list(self.args_before),
+            "args_after": list(self.args_after),
+            "changed_flags": list(self.changed_flags),
+            "memory_before": self.memory_before.to_dict() if self.memory_before is not None else None,
+            "memory_after": self.memory_after.to_dict() if self.memory_after is not None else None,
+            "min_memory_gb_after": self.min_memory_gb_after,
+            "restart": self.restart,
+            "refusal": self.refusal.to_dict() if self.refusal is not None else None,
+            "note": self.note,
+        }
 
 
 @dataclass(frozen=True)
@@ -156,28 +188,27 @@ class Plan:
         return self.refusal is None
 
     def to_dict(self) -> dict:
-        d = _json_ready(self)
-        d["ok"] = self.ok
-        return d
+        """JSON's form, as the API answers and a change records it (written out: the preview
+        sends one on every keystroke, and dataclasses.asdict deep-copies)."""
+        return {
+            "model": self.model,
+            "context_before": self.context_before,
+            "context_after": self.context_after,
+            "max_output_before": self.max_output_before,
+            "max_output_after": self.max_output_after,
+            "output_only": self.output_only,
+            "trained": self.trained,
+            "slots": self.slots,
+            "profiles": [p.to_dict() for p in self.profiles],
+            "notes": list(self.notes),
+            "refusal": self.refusal.to_dict() if self.refusal is not None else None,
+            "ok": self.refusal is None,
+        }
 
 
-@functools.cache
-def _field_names(cls) -> tuple[str, ...]:
-    return tuple(f.name for f in fields(cls))
-
-
-def _json_ready(value):
-    """A plan's dataclasses as JSON's dicts and lists (dataclasses.asdict without its deep
-    copies: a plan is built of immutable values, and the preview sends one per keystroke)."""
-    if isinstance(value, (str, int, bool)) or value is None:
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None  # strict JSON has no Infinity: shown as unknown
-    if isinstance(value, (list, tuple)):
-        return [_json_ready(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _json_ready(v) for k, v in value.items()}
-    return {name: _json_ready(getattr(value, name)) for name in _field_names(type(value))}
+def _finite(x: float | None) -> float | None:
+    """Strict JSON has no Infinity: a need that large is shown as unknown."""
+    return x if x is None or math.isfinite(x) else None
 
 
 # ----------------------------------------------------------------------------- rules

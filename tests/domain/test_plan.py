@@ -3,6 +3,7 @@ seed's order, the engines' arguments, the longest-answer rule and the memory per
 
 import json
 import math
+from dataclasses import asdict
 
 import pytest
 from hypothesis import given, settings
@@ -53,6 +54,17 @@ def profile(engine="vllm", args=(), *, name=None, gpu=L4, gpus=1, tp=1, pp=1, no
 
 def model(*profiles, context=8192, max_output=2048, declared=False, name="llama-8b"):
     return ModelInput(name, context, max_output, declared, tuple(profiles) or (profile(args=["--max-model-len", "8192"]),))
+
+
+def _json_form(value):
+    """dataclasses.asdict's output as JSON holds it: lists, and no infinities."""
+    if isinstance(value, dict):
+        return {k: _json_form(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_form(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def plan(m=None, shape=LLAMA_8B, note="", **request):
@@ -436,6 +448,7 @@ def test_any_ints_give_a_plan_not_a_crash(tokens, slots, max_output, shape, decl
     p = plan_change(m, shape, NOTE if shape is None else "", ChangeRequest(tokens, slots, max_output))
     assert isinstance(p, Plan)
     json.dumps(p.to_dict(), allow_nan=False)
+    assert p.to_dict() == {**_json_form(asdict(p)), "ok": p.ok}  # every field, written out by hand
     if p.ok and not p.output_only:
         assert 256 <= tokens
         for pp in p.profiles:
