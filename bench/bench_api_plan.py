@@ -74,6 +74,11 @@ def run(n: int) -> None:
     for _ in range(5):  # interleaved, so both see the same machine load
         empty_t += measure(client, "/bench/empty/", body, headers, n // 5)
         plan_t += measure(client, url, body, headers, n // 5)
+    def body_after_a_write() -> str:
+        plan_inputs.clear()  # as after a write to the catalog: this plan reads it again
+        return body()
+
+    first_t = measure(client, url, body_after_a_write, headers, max(n // 5, 20))
     queries = {}
     for name, u in (("empty", "/bench/empty/"), ("plan", url), ("first plan", url)):
         if name == "first plan":
@@ -94,6 +99,8 @@ def run(n: int) -> None:
     print(f"dry-run plan       : median {ms(p)}  p90 {ms(p90(plan_t))}  queries {queries['plan']}"
           f" ({queries['first plan']} on the first plan after a catalog write)")
     print(f"ratio plan / empty : {p / e:.2f}x   (goal <= 2x)")
+    first = statistics.median(first_t)
+    print(f"the first plan after a catalog write: median {ms(first)}  ({first / e:.2f}x the empty endpoint)")
     print(f"queries per plan   : {max(queries['plan'], queries['first plan'])} at most   (goal <= 6)")
 
 

@@ -199,6 +199,11 @@ def run(n: int) -> None:
     for _ in range(5):
         bare_t += measure(client, "/bench/bare/", data, n // 5, content_type=FORM)
         prev_t += measure(client, preview_url, data, n // 5, content_type=FORM)
+    def data_after_a_write() -> str:
+        plan_inputs.clear()  # as after a write to the catalog: this preview reads it again
+        return data()
+
+    first_t = measure(client, preview_url, data_after_a_write, max(n // 5, 20), content_type=FORM)
     bare_q = count_queries(client, "/bench/bare/", data())
     kept_q = count_queries(client, preview_url, data())
     plan_inputs.clear()  # as after a write to the catalog: the first preview reads it again
@@ -216,6 +221,8 @@ def run(n: int) -> None:
     print(f"console preview          : median {ms(prev_med)}  p90 {ms(p90(prev_t))}  queries {kept_q}"
           f" ({read_q} on the first preview after a catalog write)")
     print(f"ratio preview / bare     : {prev_med / bare_med:.2f}x   (goal <= 3x)")
+    first = statistics.median(first_t)
+    print(f"the first preview after a catalog write: median {ms(first)}  ({first / bare_med:.2f}x the bare view)")
     print(f"queries per preview      : {max(kept_q, read_q)} at most   (goal <= 6)")
 
     # Where the preview's time goes.
