@@ -112,13 +112,12 @@ def _models_for_planning():
     )
 
 
-def model_input(model: Model, *, fleet: bool = True) -> ModelInput:
+def model_input(model: Model) -> ModelInput:
     """The domain's view of a model row. From a model of `_models_for_planning()` (profiles
-    and their GPU classes prefetched) the rows cost no query; `fleet` asks the fleet whether
-    each profile's nodes have room for a second copy during a restart (one query), else
-    assumes so."""
+    and their GPU classes prefetched) the rows cost no query; the fleet's answer to whether
+    each profile's nodes have room for a second copy during a restart costs one."""
     rows = list(model.profiles.all())
-    room = fleet_surge_possible(rows) if fleet else {}
+    room = fleet_surge_possible(rows)
     profiles = []
     for p in rows:
         gpu = p.gpu_class

@@ -183,3 +183,23 @@ def test_the_preview_costs_no_query_beyond_the_services(operator_client, model, 
     # While the catalog does not change, the next keystrokes plan from what was read.
     with django_assert_num_queries(2):
         preview(operator_client, model, tokens="32768")
+
+
+def test_what_admins_typed_is_escaped_in_the_plan(operator_client, operator, model):
+    """Profile names and arguments reach the plan's HTML (built in Python, not a template)
+    escaped: a profile or an argument that looks like markup shows as text."""
+    gguf = model.profiles.get(name="gguf")
+    gguf.name = '<b onmouseover="x">gguf</b>'
+    gguf.args = [*gguf.args, "--alias", "<script>alert(1)</script>"]
+    gguf.save()
+    html = preview(operator_client, model, tokens="16384").content.decode()
+    assert "<script>" not in html and "<b onmouseover" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert 'data-profile="&lt;b onmouseover=&quot;x&quot;&gt;gguf&lt;/b&gt;"' in html
+
+    # The change page draws the same cards from the change's record.
+    from catalog import services
+
+    change = services.request_change(model.name, tokens=16384, user=operator, source="console")
+    page = operator_client.get(change.get_absolute_url()).content.decode()
+    assert "<script>alert" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
