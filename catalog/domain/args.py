@@ -38,7 +38,7 @@ def _scan(args: tuple[str, ...]) -> tuple[dict[str, tuple[int, bool]], frozenset
 def _find(args: list[str], names: tuple[str, ...]) -> tuple[int, str, bool] | None:
     """Where a flag is: (index, the name used, written with '='); of its names (aliases) the
     last occurrence wins, as it does for the engines' argument parsers."""
-    valued = _scan(tuple(args))[0]
+    valued = _scan(args if type(args) is tuple else tuple(args))[0]
     found = None
     for name in names:
         at = valued.get(name)
@@ -67,7 +67,7 @@ def get_int(args: list[str], *names: str) -> int:
 
 def has_flag(args: list[str], *names: str) -> bool:
     """Whether a flag without a value (e.g. `--swa-full`) is present."""
-    present = _scan(tuple(args))[1]
+    present = _scan(args if type(args) is tuple else tuple(args))[1]
     return any(n in present for n in names)
 
 

@@ -14,6 +14,7 @@ versions (llama.cpp @0c1e570, vLLM 0.33.0, SGLang 0.5.23) and docs/kv.md lists t
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -505,9 +506,9 @@ def kv_bytes(shape: Shape, engine: str, context: int, slots: int = 1, *, cache_t
     return KVBytes(shape.kv_per_token * context * slots, 0)
 
 
-def kv_settings_from_args(engine: str, args: list[str]) -> dict:
+def kv_settings_from_args(engine: str, args: Sequence[str]) -> dict:
     """kv_bytes keyword arguments from a profile's engine arguments."""
-    args = list(args or [])
+    args = args or ()
     if engine == "llamacpp":
         # common/arg.cpp: -ctk/--cache-type-k, -ctv/--cache-type-v, -kvu/--kv-unified (-no-kvu), --swa-full,
         # -ub/--ubatch-size, -b/--batch-size (n_ubatch = min(n_batch, n_ubatch) sizes the SWA cache)

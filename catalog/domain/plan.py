@@ -396,12 +396,12 @@ def _profile_plan(p: ProfileInput, model: ModelInput, shape: Shape | None, token
 
     flags = CONTEXT_FLAGS[p.engine]
     if p.engine == "llamacpp":
-        n = slots if slots > 0 else max(get_int(args, *PARALLEL), 1)
+        n = slots if slots > 0 else max(get_int(before, *PARALLEL), 1)
         args = set_arg(set_arg(args, str(tokens * n), *CTX_SIZE), str(n), *PARALLEL)
     else:
         args = set_arg(args, str(tokens), *flags[0])
     after = tuple(args)
-    changed = tuple(_spelling(after, names) for names in flags if get_arg(list(before), *names) != get_arg(args, *names))
+    changed = tuple(_spelling(after, names) for names in flags if get_arg(before, *names) != get_arg(after, *names))
 
     notes = []
     memory_before = memory_after = None
@@ -466,11 +466,11 @@ def _context_of(engine: str, args: tuple[str, ...], fallback: int) -> tuple[int,
     """(tokens one request may use, slots) as an engine's arguments give them; fallback
     (the model's context) where the flag is absent."""
     if engine == "llamacpp":
-        slots = max(get_int(list(args), *PARALLEL), 1)
-        pool = get_int(list(args), *CTX_SIZE)
+        slots = max(get_int(args, *PARALLEL), 1)
+        pool = get_int(args, *CTX_SIZE)
         return (pool // slots if pool > 0 else fallback), slots
     names = MAX_MODEL_LEN if engine == "vllm" else CONTEXT_LENGTH
-    value = get_int(list(args), *names)
+    value = get_int(args, *names)
     return (value if value > 0 else fallback), 1
 
 
@@ -485,7 +485,7 @@ def _gib(n: float) -> float:
 
 
 def _get_float(args: Sequence[str], *names: str) -> float | None:
-    value = get_arg(list(args), *names)
+    value = get_arg(args, *names)
     try:
         f = float(value) if value is not None else None
     except ValueError:
@@ -497,7 +497,7 @@ def profile_memory(p: ProfileInput, shape: Shape, context: int, slots: int, args
     """A profile's memory with `context` tokens a request and `slots` at once: RAM for a
     CPU-only profile (the seed's formula), else the need per card (`card_need`).
     Raises kv.KVError (a ValueError) when the engine's arguments name a cache type it does not know."""
-    args = list(args)
+    args = tuple(args)
     sized = kv_bytes(shape, p.engine, context, slots, **kv_settings_from_args(p.engine, args))
     kv, state = sized.kv, sized.state
     weights = shape.weights_bytes
@@ -605,7 +605,6 @@ def card_need(
 
 def _engine_budget(engine, gpu, args, *, tp, pp, mla) -> tuple[float, float | None]:
     """(reserve GB the engine needs beside weights and KV, GB it may use on a card)."""
-    args = list(args)
     usable = gpu.usable_gb if gpu is not None and gpu.usable_gb > 0 else None
     memory = gpu.memory_gb if gpu is not None and gpu.memory_gb > 0 else None
     if engine == "vllm":
@@ -643,9 +642,9 @@ def sglang_mem_fraction_static(memory_gb: float, *, tp: int = 1, pp: int = 1, ml
         chunked, max_bs = 8192, 256 if tp < 4 else 512
     else:
         chunked, max_bs = 16384, 512
-    chunked = get_int(list(args), "--chunked-prefill-size") or chunked
+    chunked = get_int(args, "--chunked-prefill-size") or chunked
     graphs = 0.0
-    if not has_flag(list(args), "--disable-cuda-graph"):
+    if not has_flag(args, "--disable-cuda-graph"):
         graphs = max_bs * 2 + (1536 if mla else 256)  # decode graphs + prefill graphs
     reserved = 512 + max(chunked, 2048) * 1.5 + tp * pp / 8 * 1024 + graphs
     if gpu_mb > 60 * 1024:
