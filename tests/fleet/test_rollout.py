@@ -276,6 +276,35 @@ def test_no_room_for_a_second_copy_restarts_in_place_old_first(catalog_rows, sta
     assert Replica.objects.filter(state=ReplicaState.READY).count() == 2
 
 
+def test_in_place_a_context_llama_cpp_refuses_fails_and_the_replica_comes_back_on_its_old_args(catalog_rows, start_worker):
+    """In place the old replica is already stopped when the new one fails: the rollout starts
+    it again on the args it had, so the model keeps a replica serving, and stops there."""
+    start_worker("rollout")
+    model, profile = catalog_rows("tiny", OLD)
+    profile.min_memory_gb = 6
+    profile.save()
+    node = catalog_rows.node()
+    node.ram_gb = 16  # two replicas of 6 GB fit, a third copy does not: in place
+    node.save()
+    olds = up(profile, node, 2)
+    bad = ["--ctx-size", "3000000000", "--parallel", "4", "--threads", "1"]  # llama.cpp: not an int it takes
+    failed = wait_change(request_change(profile, bad), 120)
+
+    assert failed.state == ChangeState.FAILED
+    assert "replica 1 of 2" in failed.error and 'error while handling argument "--ctx-size"' in failed.error
+    first, second = failed.steps.order_by("position")
+    assert first.policy == "in_place" and first.state == StepState.FAILED and second.state == StepState.PENDING
+    assert first.new_replica.state == ReplicaState.FAILED
+    assert "restored on the previous args" in first.detail
+    olds[0].refresh_from_db()
+    assert olds[0].state == ReplicaState.STOPPED  # it went first, as in place does
+    restored = Replica.objects.get(state=ReplicaState.READY, slot=olds[0].slot)
+    assert restored.id not in {r.id for r in olds} and restored.args == OLD
+    assert props(restored) == {"n_ctx": 512, "slots": 2} and complete(restored)["tokens_predicted"] >= 1
+    olds[1].refresh_from_db()
+    assert olds[1].state == ReplicaState.READY and local.alive(olds[1])  # the second step never ran
+
+
 @pytest.mark.parametrize("engine_alive", [True, False], ids=["live-new-replica-waited-on", "dead-new-replica-replaced"])
 def test_resume_of_a_step_whose_new_replica_was_starting(catalog_rows, engine_alive):
     """The state a worker killed while a new replica was starting leaves behind, resumed."""
