@@ -415,7 +415,10 @@ def _profile_plan(p: ProfileInput, model: ModelInput, shape: Shape | None, token
         try:
             if ctx_before > 0:
                 memory_before = _memory_now(p, shape, ctx_before, slots_before, before)
-            memory_after = profile_memory(p, shape, ctx_after, slots_after, after)
+            # `before`, not `after`: the two differ only in context flags, which the memory
+            # model does not read (context and slots are given), and the profile's own
+            # arguments keep its engine settings cached from one keystroke to the next.
+            memory_after = profile_memory(p, shape, ctx_after, slots_after, before)
         except ValueError as e:  # kv.KVError: e.g. a cache type the engine does not know
             memory_before = memory_after = None
             notes.append(f"its KV cache could not be sized ({e}), so the memory it needs is not checked")
@@ -498,7 +501,7 @@ def profile_memory(p: ProfileInput, shape: Shape, context: int, slots: int, args
     CPU-only profile (the seed's formula), else the need per card (`card_need`).
     Raises kv.KVError (a ValueError) when the engine's arguments name a cache type it does not know."""
     args = tuple(args)
-    sized = kv_bytes(shape, p.engine, context, slots, **kv_settings_from_args(p.engine, args))
+    sized = kv_bytes(shape, p.engine, context, slots, **_kv_settings(p.engine, args))
     kv, state = sized.kv, sized.state
     weights = shape.weights_bytes
     if p.cpu_only:
@@ -582,7 +585,7 @@ def card_need(
     weights_gb = _gib(weights) / cards
     kv_gb = _gib(kv // split)
     state_gb = _gib(state // split)
-    reserve_gb, usable_gb = _engine_budget(engine, gpu, args, tp=tp, pp=pp, mla=mla)
+    reserve_gb, usable_gb = _engine_budget(engine, gpu, tuple(args), tp=tp, pp=pp, mla=mla)
     need_gb = weights_gb + kv_gb + state_gb + reserve_gb
     text = f"{need_gb:.1f} GB a card of {cards}"
     fits = None
@@ -603,6 +606,12 @@ def card_need(
     )
 
 
+# What the memory model reads from an engine's arguments, once per argument list: a preview
+# plans the same profiles on every keystroke. (Cached values are only unpacked, never changed.)
+_kv_settings = functools.lru_cache(maxsize=1024)(kv_settings_from_args)
+
+
+@functools.lru_cache(maxsize=1024)
 def _engine_budget(engine, gpu, args, *, tp, pp, mla) -> tuple[float, float | None]:
     """(reserve GB the engine needs beside weights and KV, GB it may use on a card)."""
     usable = gpu.usable_gb if gpu is not None and gpu.usable_gb > 0 else None

@@ -460,3 +460,38 @@ def test_any_ints_give_a_plan_not_a_crash(tokens, slots, max_output, shape, decl
         for pp in p.profiles:
             for mem in (pp.memory_before, pp.memory_after):
                 assert mem is None or math.isfinite(mem.need_gb)
+
+
+# ----------------------------------------------------------------------------- what a change leaves alone
+
+# Flags the memory model reads, context flags, and values, in any order and either form.
+MEMORY_FLAGS = [
+    "-ctk", "--cache-type-k", "-ctv", "--cache-type-v", "-kvu", "--kv-unified", "-no-kvu", "--swa-full",
+    "-ub", "--ubatch-size", "-b", "--batch-size", "--kv-cache-dtype", "--block-size", "--max-num-batched-tokens",
+    "--gpu-memory-utilization", "--enforce-eager", "--mem-fraction-static", "--chunked-prefill-size",
+    "--disable-cuda-graph",
+]
+CONTEXT_FLAG_NAMES = ["--ctx-size", "-c", "--parallel", "-np", "--max-model-len", "--context-length", "--context",
+                      "--max-seq-len-override"]
+ARG_TOKENS = st.one_of(
+    st.sampled_from(MEMORY_FLAGS + CONTEXT_FLAG_NAMES),
+    st.sampled_from(["q8_0", "f16", "fp8", "0.8", "512", "-1", "x", ""]),
+    st.builds(lambda f, v: f"{f}={v}", st.sampled_from(MEMORY_FLAGS + CONTEXT_FLAG_NAMES), st.sampled_from(["q4_0", "0.7", "64", ""])),
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(args=st.lists(ARG_TOKENS, max_size=10), tokens=st.integers(256, LLAMA_8B.trained_context), slots=st.integers(0, 64),
+       engine=st.sampled_from(["llamacpp", "vllm", "sglang", "strata", "freetoken"]))
+def test_a_context_change_leaves_what_the_memory_model_reads_alone(args, tokens, slots, engine):
+    """The plan sizes a profile after the change with the engine settings read from its
+    arguments before it (plan._profile_plan): a change rewrites only context flags."""
+    from catalog.domain.kv import kv_settings_from_args
+    from catalog.domain.plan import _engine_budget
+
+    p = profile(engine, args, gpu=H100, gpus=2, tp=2)
+    changed = plan_change(model(p), LLAMA_8B, "", ChangeRequest(tokens=tokens, slots=slots)).profiles[0]
+    before, after = changed.args_before, changed.args_after
+    assert kv_settings_from_args(engine, after) == kv_settings_from_args(engine, before)
+    for mla in (False, True):
+        assert _engine_budget(engine, H100, after, tp=2, pp=1, mla=mla) == _engine_budget(engine, H100, before, tp=2, pp=1, mla=mla)
