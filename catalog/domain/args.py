@@ -56,6 +56,13 @@ def get_arg(args: list[str], *names: str) -> str | None:
     return args[i][len(name) + 1 :] if eq else args[i + 1]
 
 
+def flag_name(args: list[str], *names: str) -> str | None:
+    """Which of a flag's names (aliases) it is given a value with, None when absent: the
+    spelling set_arg keeps."""
+    at = _find(args, names)
+    return at[1] if at is not None else None
+
+
 def get_int(args: list[str], *names: str) -> int:
     """A flag's whole-number value, 0 when absent or not a number."""
     value = get_arg(args, *names)

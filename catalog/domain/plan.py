@@ -15,7 +15,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from catalog.domain.args import get_arg, get_int, has_flag, set_arg
+from catalog.domain.args import flag_name, get_arg, get_int, has_flag, set_arg
 from catalog.domain.shape import Shape
 
 from catalog.domain.kv import ENGINES, kv_bytes, kv_settings_from_args
@@ -394,14 +394,20 @@ def _profile_plan(p: ProfileInput, model: ModelInput, shape: Shape | None, token
             note="",
         )
 
-    flags = CONTEXT_FLAGS[p.engine]
+    # Each context flag's new value, written where and as the profile has it (else appended).
     if p.engine == "llamacpp":
         n = slots if slots > 0 else max(get_int(before, *PARALLEL), 1)
-        args = set_arg(set_arg(args, str(tokens * n), *CTX_SIZE), str(n), *PARALLEL)
+        new_values = ((CTX_SIZE, str(tokens * n)), (PARALLEL, str(n)))
+        ctx_after, slots_after = tokens, n  # --ctx-size is the pool of all n slots
     else:
-        args = set_arg(args, str(tokens), *flags[0])
+        new_values = ((CONTEXT_FLAGS[p.engine][0], str(tokens)),)
+        ctx_after, slots_after = tokens, 1
+    changed = []
+    for names, value in new_values:
+        if get_arg(before, *names) != value:
+            changed.append(flag_name(before, *names) or names[0])
+        args = set_arg(args, value, *names)
     after = tuple(args)
-    changed = tuple(_spelling(after, names) for names in flags if get_arg(before, *names) != get_arg(after, *names))
 
     notes = []
     memory_before = memory_after = None
@@ -411,7 +417,6 @@ def _profile_plan(p: ProfileInput, model: ModelInput, shape: Shape | None, token
         notes.append(NO_CARD_CHECK[p.engine])
     elif shape is not None:
         ctx_before, slots_before = _context_of(p.engine, before, model.context_length)
-        ctx_after, slots_after = _context_of(p.engine, after, tokens)
         try:
             if ctx_before > 0:
                 memory_before = _memory_now(p, shape, ctx_before, slots_before, before)
@@ -445,7 +450,7 @@ def _profile_plan(p: ProfileInput, model: ModelInput, shape: Shape | None, token
         engine=p.engine,
         args_before=before,
         args_after=after,
-        changed_flags=changed,
+        changed_flags=tuple(changed),
         memory_before=memory_before,
         memory_after=memory_after,
         min_memory_gb_after=min_memory,
@@ -453,16 +458,6 @@ def _profile_plan(p: ProfileInput, model: ModelInput, shape: Shape | None, token
         refusal=refusal,
         note="; ".join(notes),
     )
-
-
-def _spelling(args: Sequence[str], names: tuple[str, ...]) -> str:
-    """The name a flag is written with in args (the last occurrence, as the engines read it)."""
-    found = names[0]
-    for a in args:
-        for n in names:
-            if a == n or a.startswith(n + "="):
-                found = n
-    return found
 
 
 def _context_of(engine: str, args: tuple[str, ...], fallback: int) -> tuple[int, int]:

@@ -483,15 +483,20 @@ ARG_TOKENS = st.one_of(
 @settings(max_examples=500, deadline=None)
 @given(args=st.lists(ARG_TOKENS, max_size=10), tokens=st.integers(256, LLAMA_8B.trained_context), slots=st.integers(0, 64),
        engine=st.sampled_from(["llamacpp", "vllm", "sglang", "strata", "freetoken"]))
-def test_a_context_change_leaves_what_the_memory_model_reads_alone(args, tokens, slots, engine):
+def test_a_change_names_the_flags_it_rewrote_and_leaves_what_the_memory_model_reads_alone(args, tokens, slots, engine):
     """The plan sizes a profile after the change with the engine settings read from its
     arguments before it (plan._profile_plan): a change rewrites only context flags."""
+    from catalog.domain.args import flag_name, get_arg
     from catalog.domain.kv import kv_settings_from_args
-    from catalog.domain.plan import _engine_budget
+    from catalog.domain.plan import CONTEXT_FLAGS, _engine_budget
 
     p = profile(engine, args, gpu=H100, gpus=2, tp=2)
     changed = plan_change(model(p), LLAMA_8B, "", ChangeRequest(tokens=tokens, slots=slots)).profiles[0]
     before, after = changed.args_before, changed.args_after
+    # each flag said changed is the very name its new value is read from afterwards
+    for name in changed.changed_flags:
+        aliases = next(names for names in CONTEXT_FLAGS[engine] if name in names)
+        assert flag_name(after, *aliases) == name and get_arg(after, *aliases) != get_arg(before, *aliases)
     assert kv_settings_from_args(engine, after) == kv_settings_from_args(engine, before)
     for mla in (False, True):
         assert _engine_budget(engine, H100, after, tp=2, pp=1, mla=mla) == _engine_budget(engine, H100, before, tp=2, pp=1, mla=mla)
