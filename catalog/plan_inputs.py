@@ -56,6 +56,16 @@ def _seen_change() -> None:
         _generation += 1
 
 
+def _after_fork_in_child() -> None:
+    """A child gets a fresh lock (another thread may have held the parent's as it forked);
+    its listener is started on its first preview (`cached` sees the process changed)."""
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def cached(name: str, load: Callable[[], T]) -> T:
     """The inputs of model `name`: the kept ones while no change was seen since they were
     read, else load()'s (which may raise; nothing is kept then)."""

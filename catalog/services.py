@@ -156,15 +156,8 @@ def _shape_of(model: Model):
         return None, f"its shape could not be read ({e}), so the memory it needs is not checked"
 
 
-def _plan(model: Model | None, name: str, request: ChangeRequest, shape=None, note: str = "") -> Plan:
-    return plan_change(
-        model_input(model) if model is not None else None,
-        shape,
-        note,
-        request,
-        name=name,
-        default_max_output_cap=settings.LLMGW_DEFAULT_MAX_OUTPUT,
-    )
+def _plan(model: ModelInput | None, name: str, request: ChangeRequest, shape=None, note: str = "") -> Plan:
+    return plan_change(model, shape, note, request, name=name, default_max_output_cap=settings.LLMGW_DEFAULT_MAX_OUTPUT)
 
 
 def _not_found(name: str) -> NotFound:
@@ -185,14 +178,7 @@ def preview(name: str, *, tokens: int = 0, slots: int = 0, max_output: int = 0) 
     """What the change would do, or why it would be refused. Writes nothing (but the shape's
     cache). Plans from inputs kept while the catalog does not change (catalog.plan_inputs)."""
     model, shape, note = plan_inputs.cached(name, lambda: _planning_inputs(name))
-    return plan_change(
-        model,
-        shape,
-        note,
-        ChangeRequest(tokens=tokens, slots=slots, max_output=max_output),
-        name=name,
-        default_max_output_cap=settings.LLMGW_DEFAULT_MAX_OUTPUT,
-    )
+    return _plan(model, name, ChangeRequest(tokens=tokens, slots=slots, max_output=max_output), shape, note)
 
 
 # ----------------------------------------------------------------------------- changing
@@ -278,7 +264,7 @@ def request_change(
             active = _active_change(model.pk)
             if active is not None:
                 raise _conflict(model.name, active)
-            plan = _plan(model, name, request, shape, note)
+            plan = _plan(model_input(model), name, request, shape, note)
             if plan.refusal is not None:
                 audit_row = None
                 if plan.refusal.status != 404:

@@ -78,7 +78,7 @@ def plain_context_request(data) -> dict | None:
 
 
 class RollbackRequestSerializer(serializers.Serializer):
-    message = serializers.CharField(required=False, default="", allow_blank=True, max_length=2000, help_text="why")
+    message = serializers.CharField(required=False, default="", allow_blank=True, max_length=MESSAGE_MAX, help_text="why")
 
 
 class ErrorSerializer(serializers.Serializer):
