@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -87,21 +86,8 @@ def run(n: int) -> None:
             measure(client, u, body, headers, 1)
         queries[name] = len(ctx.captured_queries)
 
-    def ms(x: float) -> str:
-        return f"{x * 1000:.2f} ms"
-
-    def p90(xs: list[float]) -> float:
-        return sorted(xs)[int(len(xs) * 0.9)]
-
-    e, p = statistics.median(empty_t), statistics.median(plan_t)
-    print(f"requests per endpoint: {len(plan_t)} (8 profiles, shape cached, token auth, a new context each request)")
-    print(f"empty DRF endpoint : median {ms(e)}  p90 {ms(p90(empty_t))}  queries {queries['empty']}")
-    print(f"dry-run plan       : median {ms(p)}  p90 {ms(p90(plan_t))}  queries {queries['plan']}"
-          f" ({queries['first plan']} on the first plan after a catalog write)")
-    print(f"ratio plan / empty : {p / e:.2f}x   (goal <= 2x)")
-    first = statistics.median(first_t)
-    print(f"the first plan after a catalog write: median {ms(first)}  ({first / e:.2f}x the empty endpoint)")
-    print(f"queries per plan   : {max(queries['plan'], queries['first plan'])} at most   (goal <= 6)")
+    bench_preview.report("empty DRF endpoint", empty_t, queries["empty"], "dry-run plan", plan_t, queries["plan"],
+                         queries["first plan"], first_t, goal=2, what="token auth, a new context each request")
 
 
 def main() -> None:

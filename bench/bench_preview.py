@@ -136,6 +136,28 @@ def count_queries(client: Client, url: str, data: str) -> int:
     return len(ctx.captured_queries)
 
 
+def ms(x: float) -> str:
+    return f"{x * 1000:.2f} ms"
+
+
+def report(base: str, base_t: list[float], base_q: int, name: str, times: list[float], kept_q: int, read_q: int,
+           first_t: list[float], *, goal: float, what: str) -> float:
+    """The figures of a run: medians and p90s, queries, the ratio to the baseline against
+    its goal, and the first request after a catalog write. Returns the median."""
+
+    def p90(xs: list[float]) -> float:
+        return sorted(xs)[int(len(xs) * 0.9)]
+
+    b, m, first = statistics.median(base_t), statistics.median(times), statistics.median(first_t)
+    print(f"requests each: {len(times)} (8 profiles, shape cached, {what})")
+    print(f"{base:24s}: median {ms(b)}  p90 {ms(p90(base_t))}  queries {base_q}")
+    print(f"{name:24s}: median {ms(m)}  p90 {ms(p90(times))}  queries {kept_q} ({read_q} on the first after a catalog write)")
+    print(f"ratio                   : {m / b:.2f}x   (goal <= {goal:g}x)")
+    print(f"first after a write     : median {ms(first)}  ({first / b:.2f}x the baseline)")
+    print(f"queries                 : {max(kept_q, read_q)} at most   (goal <= 6)")
+    return m
+
+
 def timed(fn, n: int) -> float:
     out = []
     for _ in range(n):
@@ -210,21 +232,8 @@ def run(n: int) -> None:
     plan_inputs.clear()  # as after a write to the catalog: the first preview reads it again
     read_q = count_queries(client, preview_url, data())
 
-    def ms(x: float) -> str:
-        return f"{x * 1000:.2f} ms"
-
-    def p90(xs: list[float]) -> float:
-        return sorted(xs)[int(len(xs) * 0.9)]
-
-    bare_med, prev_med = statistics.median(bare_t), statistics.median(prev_t)
-    print(f"requests per view: {len(prev_t)} (8 profiles, shape cached, a new context each request)")
-    print(f"bare login-required view : median {ms(bare_med)}  p90 {ms(p90(bare_t))}  queries {bare_q}")
-    print(f"console preview          : median {ms(prev_med)}  p90 {ms(p90(prev_t))}  queries {kept_q}"
-          f" ({read_q} on the first preview after a catalog write)")
-    print(f"ratio preview / bare     : {prev_med / bare_med:.2f}x   (goal <= 3x)")
-    first = statistics.median(first_t)
-    print(f"the first preview after a catalog write: median {ms(first)}  ({first / bare_med:.2f}x the bare view)")
-    print(f"queries per preview      : {max(kept_q, read_q)} at most   (goal <= 6)")
+    prev_med = report("bare login-required view", bare_t, bare_q, "console preview", prev_t, kept_q, read_q, first_t,
+                      goal=3, what="a new context each request")
 
     # Where the preview's time goes.
     from catalog.domain.plan import ChangeRequest, plan_change
