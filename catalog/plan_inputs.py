@@ -45,7 +45,7 @@ _entries: dict[str, tuple[float, int, object]] = {}  # name → (expires, genera
 _lock = threading.Lock()
 _generation = 0  # one more for every change seen, this process's own at once
 _listening = False  # subscribed: other processes' changes reach this one
-_listener: tuple[int, object] | None = None  # (process, token) of the thread that listens
+_listener: object | None = None  # the token of the thread that listens (None: none started)
 _publisher: dict = {}
 _publish_failed_at = 0.0
 
@@ -57,10 +57,14 @@ def _seen_change() -> None:
 
 
 def _after_fork_in_child() -> None:
-    """A child gets a fresh lock (another thread may have held the parent's as it forked);
-    its listener is started on its first preview (`cached` sees the process changed)."""
-    global _lock
+    """A forked child has none of its parent's threads: it forgets their listener and what
+    it kept (its first preview starts its own), and takes a fresh lock (another thread may
+    have held the parent's as it forked)."""
+    global _lock, _listener, _listening
     _lock = threading.Lock()
+    _listener = None
+    _listening = False
+    _entries.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -72,7 +76,7 @@ def cached(name: str, load: Callable[[], T]) -> T:
     ttl = float(settings.LLMGW_PLAN_INPUTS_SECONDS)
     if ttl <= 0:
         return load()
-    if _listener is None or _listener[0] != os.getpid():  # a forked child starts its own
+    if _listener is None:
         _start_listener()
     if not _listening:
         return load()
@@ -122,12 +126,10 @@ def _publish() -> None:
 def _start_listener() -> None:
     global _listener, _listening
     with _lock:
-        if _listener is not None and _listener[0] == os.getpid():
+        if _listener is not None:
             return
-        token = object()
-        _listener = (os.getpid(), token)
+        token = _listener = object()
         _listening = False
-        _entries.clear()  # a forked child does not trust its parent's entries
     thread = threading.Thread(target=_listen, args=(settings.REDIS_URL, token), name="llmgw-catalog-changes", daemon=True)
     thread.start()
 
@@ -143,7 +145,7 @@ def stop_listening() -> None:
 
 
 def _current(token: object) -> bool:
-    return _listener is not None and _listener[1] is token
+    return _listener is token
 
 
 def _listen(url: str, token: object) -> None:

@@ -124,3 +124,27 @@ def test_zero_seconds_keeps_nothing(model, listener, settings):
     settings.LLMGW_PLAN_INPUTS_SECONDS = 0
     services.preview(model.name, tokens=4096)
     assert queries_of(lambda: services.preview(model.name, tokens=4096)) > 0
+
+
+def test_a_forked_child_keeps_nothing_of_its_parent_and_will_listen_for_itself(model, listener):
+    """A worker forked from a process that previewed (gunicorn's, Celery's prefork) has
+    no listener thread: it must not trust the parent's entries, nor think it listens."""
+    import os
+
+    services.preview(model.name, tokens=4096)
+    wait_listening()
+    services.preview(model.name, tokens=4096)
+    assert plan_inputs._entries and plan_inputs._listener is not None
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, and leave whatever happens, running nothing of pytest's
+        try:
+            state = (plan_inputs._listener is None, not plan_inputs._entries, not plan_inputs._listening)
+            os.write(write, repr(state).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    report = os.read(read, 100).decode()
+    os.waitpid(pid, 0)
+    assert report == "(True, True, True)"
+    assert plan_inputs._listening and plan_inputs._entries  # the parent's are untouched
